@@ -1,0 +1,1 @@
+"""glasspipe: Kafka -> ClickHouse pipelines with dedup and temporal joins, run on Spark by a Kubernetes operator."""

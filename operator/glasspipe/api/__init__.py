@@ -1,0 +1,1 @@
+"""The GlassPipeline API: models, CRD generation, durations and deep validation (pure code)."""

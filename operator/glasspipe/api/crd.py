@@ -1,0 +1,159 @@
+"""Generate the GlassPipeline CustomResourceDefinition from the pydantic models.
+
+pydantic's JSON Schema is close to what Kubernetes wants; this module inlines ``$ref``s, turns
+``Optional[X]`` into X (absence means unset), keeps defaults, constraints and ``x-kubernetes-*``
+extensions, and drops what a structural schema does not allow (titles, ``anyOf`` with null).
+The output is deterministic so that ``crds/`` can be compared byte for byte.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from glasspipe.api import models
+
+_KEEP = {
+    "type", "description", "default", "enum", "pattern", "format", "minimum", "maximum",
+    "minLength", "maxLength", "minItems", "maxItems", "maxProperties", "items", "properties",
+    "required", "additionalProperties",
+}
+
+
+def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
+    """One pydantic JSON-schema node as a Kubernetes structural schema node."""
+    if "$ref" in node:
+        target = defs[node["$ref"].split("/")[-1]]
+        merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+        return _structural(merged, defs)
+    if "anyOf" in node:
+        branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+        if len(branches) != 1:
+            raise ValueError(f"cannot express anyOf {node['anyOf']} structurally")
+        rest = {k: v for k, v in node.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)}
+        return _structural({**branches[0], **rest}, defs)
+    if "const" in node:
+        node = {**node, "enum": [node["const"]]}
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key.startswith("x-kubernetes-"):
+            out[key] = value
+        elif key == "properties":
+            out["properties"] = {name: _structural(sub, defs) for name, sub in value.items()}
+        elif key == "items":
+            out["items"] = _structural(value, defs)
+        elif key == "additionalProperties" and isinstance(value, dict):
+            out["additionalProperties"] = _structural(value, defs)
+        elif key == "additionalProperties":
+            continue  # extra="forbid": structural schemas prune unknown fields by default
+        elif key in _KEEP:
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if "properties" in out:
+        out["type"] = "object"
+    if "required" in out:
+        # A required field with a default is not required of the user.
+        props = out.get("properties", {})
+        required = [r for r in out["required"] if "default" not in props.get(r, {})]
+        if required:
+            out["required"] = required
+        else:
+            del out["required"]
+    return out
+
+
+def _schema_of(model: type[models.ApiModel]) -> dict[str, Any]:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(raw, defs)
+
+
+def openapi_schema() -> dict[str, Any]:
+    """The version's openAPIV3Schema."""
+    spec = _schema_of(models.GlassPipelineSpec)
+    status = _schema_of(models.GlassPipelineStatus)
+    _apply_object_defaults(spec)
+    return {
+        "type": "object",
+        "description": "A Kafka -> ClickHouse pipeline with deduplication and temporal joins, run on Spark.",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "required": ["spec"],
+    }
+
+
+def _apply_object_defaults(node: dict[str, Any]) -> None:
+    """Objects that pydantic fills with ``default_factory`` get ``default: {}`` in the CRD.
+
+    pydantic leaves ``default_factory`` out of the JSON Schema; without ``default: {}`` the API server
+    would not default the nested fields of an omitted object, and ``kubectl get -o yaml`` would not
+    show the effective settings.
+    """
+    for sub in node.get("properties", {}).values():
+        _apply_object_defaults(sub)
+        if sub.get("type") == "object" and "default" not in sub and not sub.get("required"):
+            sub["default"] = {}
+    if "items" in node:
+        _apply_object_defaults(node["items"])
+
+
+def render_crd() -> dict[str, Any]:
+    """The CustomResourceDefinition as a dict."""
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{models.PLURAL}.{models.GROUP}"},
+        "spec": {
+            "group": models.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": models.KIND,
+                "listKind": f"{models.KIND}List",
+                "plural": models.PLURAL,
+                "singular": models.SINGULAR,
+                "shortNames": models.SHORT_NAMES,
+                "categories": ["all", "glasspipe"],
+            },
+            "versions": [
+                {
+                    "name": models.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": openapi_schema()},
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
+                    "additionalPrinterColumns": [
+                        {"name": "Ready", "type": "string",
+                         "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+                        {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
+                        {"name": "Running", "type": "integer", "jsonPath": ".status.readyReplicas"},
+                        {"name": "Topics", "type": "string", "jsonPath": ".spec.sources[*].kafka.topic"},
+                        {"name": "Table", "type": "string", "jsonPath": ".spec.sink.clickhouse.table",
+                         "priority": 1},
+                        {"name": "Reason", "type": "string",
+                         "jsonPath": ".status.conditions[?(@.type==\"Ready\")].reason", "priority": 1},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    """The CRD as the YAML text kept in ``crds/`` and the chart (byte-stable)."""
+    header = "# Generated by `glasspipe crd` from operator/glasspipe/api/models.py. Do not edit by hand.\n"
+    return header + yaml.safe_dump(render_crd(), sort_keys=False, width=120)

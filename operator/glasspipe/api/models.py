@@ -1,0 +1,446 @@
+"""The GlassPipeline API (glasspipe.io/v1alpha1) as pydantic models.
+
+These models are the single source of truth: ``glasspipe.api.crd`` generates the CRD's OpenAPI schema
+(with its defaults and CEL rules) from them, and tests check that ``crds/`` and the Helm chart hold
+exactly that render. Field names are camelCase on the wire, snake_case in Python.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic.alias_generators import to_camel
+
+from glasspipe.api.durations import DURATION_PATTERN, cel_duration, parse_duration_ms
+
+GROUP = "glasspipe.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "GlassPipeline"
+PLURAL = "glasspipelines"
+SINGULAR = "glasspipeline"
+SHORT_NAMES = ["gp"]
+
+MAX_DEDUP_WINDOW = "30d"
+MAX_JOIN_WINDOW = "7d"
+
+# Field types of a source's JSON schema. Nested values are reached by ``path``; decimals carry their
+# precision and scale: decimal(18,4).
+FIELD_TYPE_PATTERN = r"^(string|int|long|float|double|boolean|timestamp|date|decimal\([0-9]{1,2},[0-9]{1,2}\))$"
+# A Kubernetes-style DNS label, used for source, field and column names that end up in Spark and SQL.
+NAME_PATTERN = r"^[a-zA-Z_][a-zA-Z0-9_]*$"
+SOURCE_NAME_PATTERN = r"^[a-z]([a-z0-9_]*[a-z0-9])?$"
+
+
+def _rules(*rules: tuple[str, str]) -> dict[str, Any]:
+    """``x-kubernetes-validations`` entries: (CEL rule, message)."""
+    return {"x-kubernetes-validations": [{"rule": r, "message": m} for r, m in rules]}
+
+
+def _map_list(*keys: str) -> dict[str, Any]:
+    """A list whose items are identified by ``keys`` (unique, and correlatable for transition rules)."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}
+
+
+def _immutable(what: str) -> dict[str, Any]:
+    return _rules(("self == oldSelf", f"{what} is immutable: it shapes the checkpointed state; "
+                                      "create a new GlassPipeline (new name and checkpoint) to change it"))
+
+
+def _bounded_duration(field: str, maximum: str, what: str) -> tuple[str, str]:
+    return (
+        f"{cel_duration('self.' + field)} > duration('0s') && "
+        f"{cel_duration('self.' + field)} <= {cel_duration(repr(maximum))}",
+        f"{what} must be greater than 0 and at most {maximum}",
+    )
+
+
+Duration = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=12)]
+Name = Annotated[str, Field(pattern=NAME_PATTERN, max_length=63)]
+
+
+class ApiModel(BaseModel):
+    """camelCase on the wire, unknown fields rejected (the API server prunes them; we say so)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+# ---------------------------------------------------------------- references to Secrets (never inline)
+
+
+class SecretKeyRef(ApiModel):
+    """One key of a Secret in the pipeline's namespace."""
+
+    name: str = Field(max_length=253, description="Secret name (same namespace as the GlassPipeline).")
+    key: str = Field(max_length=253, description="Key inside the Secret.")
+
+
+class CredentialsSecretRef(ApiModel):
+    """User name and password held in one Secret."""
+
+    name: str = Field(max_length=253, description="Secret name (same namespace as the GlassPipeline).")
+    username_key: str = Field("username", max_length=253, description="Key holding the user name.")
+    password_key: str = Field("password", max_length=253, description="Key holding the password.")
+
+
+# ---------------------------------------------------------------------------------------- sources
+
+
+class KafkaSecurity(ApiModel):
+    """How to reach a secured Kafka; secrets only by reference."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!self.protocol.startsWith('SASL') || (has(self.saslMechanism) && has(self.credentialsSecretRef))",
+             "SASL protocols need saslMechanism and credentialsSecretRef"),
+            ("self.protocol.startsWith('SASL') || !has(self.saslMechanism)",
+             "saslMechanism is only used with protocol SASL_PLAINTEXT or SASL_SSL"),
+        )
+    )
+
+    protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        "PLAINTEXT", description="Kafka security.protocol."
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
+        None, description="SASL mechanism, with a SASL protocol."
+    )
+    credentials_secret_ref: CredentialsSecretRef | None = Field(
+        None, description="Secret with the SASL user name and password."
+    )
+    ca_secret_ref: SecretKeyRef | None = Field(None, description="Secret key with the PEM CA bundle for SSL.")
+
+
+class KafkaSource(ApiModel):
+    """Where a source's records come from."""
+
+    bootstrap_servers: str = Field(
+        min_length=1, max_length=1024, description="Comma-separated host:port list of Kafka brokers."
+    )
+    topic: str = Field(pattern=r"^[a-zA-Z0-9._-]+$", max_length=249, description="Topic to read.")
+    starting_offsets: Literal["earliest", "latest"] = Field(
+        "earliest",
+        description="Where a new pipeline starts when its consumer group has no committed offset yet.",
+    )
+    max_offsets_per_trigger: int | None = Field(
+        None, ge=1, description="Upper bound on records read per micro-batch (back-pressure). Unbounded if unset."
+    )
+    consumer_group: str | None = Field(
+        None,
+        max_length=249,
+        description="Consumer group that glasspipe commits processed offsets to. Default: glasspipe.<namespace>.<name>.",
+    )
+    security: KafkaSecurity = Field(default_factory=KafkaSecurity, description="Security settings.")
+
+
+class SchemaField(ApiModel):
+    """One field of the JSON payload."""
+
+    name: Name = Field(description="Field name used by filter, keys and column mappings.")
+    path: str | None = Field(
+        None,
+        max_length=512,
+        pattern=r"^[a-zA-Z0-9_$-]+(\.[a-zA-Z0-9_$-]+)*$",
+        description="Dotted path of the value in the JSON document (e.g. meta.sms.id). Default: the name.",
+    )
+    type: str = Field(
+        pattern=FIELD_TYPE_PATTERN,
+        max_length=24,
+        description="string, int, long, float, double, boolean, timestamp, date or decimal(P,S).",
+    )
+    nullable: bool = Field(
+        True,
+        description="If false, a record where the field is missing or null goes to the dead-letter topic.",
+    )
+
+
+class PayloadSchema(ApiModel):
+    """The JSON schema of a source's record values."""
+
+    fields: list[SchemaField] = Field(
+        min_length=1, max_length=256, json_schema_extra=_map_list("name"),
+        description="Declared fields; other JSON members are ignored.",
+    )
+
+
+class EventTime(ApiModel):
+    """Which time windows are measured on."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.source != 'field' || has(self.field)", "eventTime.source 'field' needs eventTime.field"),
+            ("self.source == 'field' || !has(self.field)",
+             "eventTime.field is only used with eventTime.source 'field'"),
+            _bounded_duration("allowedLateness", "7d", "eventTime.allowedLateness"),
+        )
+    )
+
+    source: Literal["kafkaTimestamp", "field"] = Field(
+        "kafkaTimestamp", description="kafkaTimestamp (the record's timestamp) or field (a payload field)."
+    )
+    field: Name | None = Field(None, description="Declared field holding the event time, with source 'field'.")
+    format: Literal["iso8601", "epochMillis", "epochSeconds"] = Field(
+        "iso8601",
+        description="How the field encodes time, with source 'field' and a string or long field.",
+    )
+    allowed_lateness: Duration = Field(
+        "1m",
+        description="Watermark delay: how far behind the newest event time a record may arrive and still "
+        "be deduplicated or joined; later records are dead-lettered with reason 'late'.",
+    )
+
+
+class Deduplication(ApiModel):
+    """Drop repeats of a key within a window of event time."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(_bounded_duration("window", MAX_DEDUP_WINDOW, "deduplication.window"))
+    )
+
+    keys: list[Name] = Field(
+        min_length=1, max_length=8, json_schema_extra=_immutable("deduplication.keys"),
+        description="Fields that together identify a record; the first occurrence wins.",
+    )
+    window: Duration = Field(description=f"How long a key is remembered, in event time (max {MAX_DEDUP_WINDOW}).")
+
+
+class Source(ApiModel):
+    """One Kafka topic with its schema, filter and deduplication."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!has(self.deduplication) || self.deduplication.keys.all(k, self.schema.fields.exists(f, f.name == k))",
+             "deduplication.keys must name fields declared in schema.fields"),
+            ("!has(self.eventTime) || !has(self.eventTime.field) || "
+             "self.schema.fields.exists(f, f.name == self.eventTime.field)",
+             "eventTime.field must name a field declared in schema.fields"),
+        )
+    )
+
+    name: str = Field(pattern=SOURCE_NAME_PATTERN, max_length=40, description="Source name, unique in the pipeline.")
+    kafka: KafkaSource
+    schema_: PayloadSchema = Field(alias="schema", description="Fields of the JSON value.")
+    event_time: EventTime = Field(default_factory=EventTime, description="Event time of each record.")
+    filter: str | None = Field(
+        None, max_length=4096,
+        description="Spark SQL boolean expression over the declared fields; records are kept where it is true.",
+    )
+    deduplication: Deduplication | None = Field(None, description="Optional deduplication by key.")
+
+    def field(self, name: str) -> SchemaField | None:
+        return next((f for f in self.schema_.fields if f.name == name), None)
+
+
+# ------------------------------------------------------------------------------------------- join
+
+
+class JoinSide(ApiModel):
+    source: str = Field(pattern=SOURCE_NAME_PATTERN, max_length=40, description="Name of a source.")
+    keys: list[Name] = Field(min_length=1, max_length=8, description="Fields of that source to match on.")
+
+
+class Join(ApiModel):
+    """Temporal join of the two sources by key."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("size(self.left.keys) == size(self.right.keys)", "join.left.keys and join.right.keys must have the same length"),
+            ("self.left.source != self.right.source", "join.left.source and join.right.source must differ"),
+            _bounded_duration("window", MAX_JOIN_WINDOW, "join.window"),
+        )
+    )
+
+    type: Literal["inner", "left"] = Field("inner", description="inner, or left (unmatched left rows emitted with NULLs).")
+    left: JoinSide
+    right: JoinSide
+    window: Duration = Field(description=f"Records match when |t_left - t_right| <= window (max {MAX_JOIN_WINDOW}).")
+
+
+# ------------------------------------------------------------------------------------------- sink
+
+CLICKHOUSE_TYPE_PATTERN = (
+    r"^(LowCardinality\()?(Nullable\()?"
+    r"(String|FixedString\([0-9]+\)|UUID|U?Int(8|16|32|64)|Float(32|64)|Bool|Date|DateTime|DateTime64\([0-9]\)"
+    r"|Decimal\([0-9]{1,2}, ?[0-9]{1,2}\))\)?\)?$"
+)
+
+
+class Column(ApiModel):
+    """One ClickHouse column and where its value comes from."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!(has(self.from) && has(self.expression))", "give either from or expression, not both"),
+        )
+    )
+
+    name: Name = Field(description="ClickHouse column name.")
+    from_: str | None = Field(
+        None, alias="from", max_length=128, pattern=r"^([a-z][a-z0-9_]*\.)?[a-zA-Z_][a-zA-Z0-9_]*$",
+        description="Field to copy (source.field with a join where the name is in both). Default: the column name.",
+    )
+    expression: str | None = Field(None, max_length=4096, description="Spark SQL expression over the fields.")
+    type: str | None = Field(
+        None, max_length=64, pattern=CLICKHOUSE_TYPE_PATTERN,
+        description="ClickHouse type, e.g. String, Int64, Nullable(Float64), DateTime. Default: from the field's type.",
+    )
+
+
+class Batching(ApiModel):
+    max_rows: int = Field(100_000, ge=1, le=10_000_000, description="Most rows in one INSERT.")
+    max_delay: Duration = Field(
+        "5s", description="Micro-batch interval: the longest a record waits before it is written."
+    )
+
+
+class ClickHouseSink(ApiModel):
+    hosts: list[Annotated[str, Field(pattern=r"^[a-zA-Z0-9.-]+(:[0-9]{1,5})?$", max_length=260)]] = Field(
+        min_length=1, max_length=16,
+        description="host or host:port of the native protocol (default port 9000, 9440 with TLS).",
+    )
+    secure: bool = Field(False, description="Use TLS.")
+    ca_secret_ref: SecretKeyRef | None = Field(None, description="Secret key with the CA bundle for TLS.")
+    database: str = Field("default", max_length=128, pattern=NAME_PATTERN)
+    table: str = Field(max_length=128, pattern=NAME_PATTERN)
+    credentials_secret_ref: CredentialsSecretRef | None = Field(
+        None, description="Secret with user name and password. Default: user 'default', no password."
+    )
+    create_table: bool = Field(False, description="Create the table (MergeTree) if it does not exist.")
+    order_by: list[Name] | None = Field(
+        None, max_length=8, description="ORDER BY of a created table. Default: the deduplication keys or first column."
+    )
+    columns: list[Column] | None = Field(
+        None, max_length=512, json_schema_extra=_map_list("name"),
+        description="Output columns. Default: every declared field, with its default ClickHouse type.",
+    )
+    batching: Batching = Field(default_factory=Batching)
+
+
+class Sink(ApiModel):
+    clickhouse: ClickHouseSink
+
+
+class DeadLetter(ApiModel):
+    """Where records that cannot be processed go, with the reason and their original bytes."""
+
+    topic: str = Field(pattern=r"^[a-zA-Z0-9._-]+$", max_length=249)
+    bootstrap_servers: str | None = Field(
+        None, max_length=1024, description="Default: the first source's bootstrap servers and security."
+    )
+
+
+class Checkpoint(ApiModel):
+    location: str = Field(
+        min_length=1, max_length=1024, json_schema_extra=_immutable("checkpoint.location"),
+        description="Durable folder URI (s3a://, hdfs://, or file:// on a shared volume) for offsets and state.",
+    )
+
+
+class Resources(ApiModel):
+    cores: int = Field(1, ge=1, le=64)
+    memory: str = Field("1g", pattern=r"^[0-9]+[kmgt]$", max_length=12, description="JVM heap, e.g. 1g, 512m.")
+
+
+class ExecutorResources(Resources):
+    instances: int = Field(1, ge=1, le=1000)
+    memory: str = Field("2g", pattern=r"^[0-9]+[kmgt]$", max_length=12, description="JVM heap, e.g. 2g.")
+
+
+class SparkSettings(ApiModel):
+    image: str = Field("glasspipe/spark:0.1.0", max_length=512, description="Image with Spark and the glasspipe job.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent")
+    service_account: str = Field(
+        "spark-operator-spark", max_length=253, description="ServiceAccount of the driver (spark-operator's chart)."
+    )
+    driver: Resources = Field(default_factory=Resources)
+    executor: ExecutorResources = Field(default_factory=ExecutorResources)
+    shuffle_partitions: int = Field(
+        4, ge=1, le=10_000,
+        json_schema_extra=_immutable("spark.shufflePartitions"),
+        description="State-store partitions; fixed when the checkpoint is created.",
+    )
+    conf: dict[str, str] = Field(
+        default_factory=dict, json_schema_extra={"maxProperties": 128}, description="Extra Spark configuration."
+    )
+
+
+# ------------------------------------------------------------------------------------------- spec
+
+
+class GlassPipelineSpec(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("size(self.sources) == 1 || has(self.join)", "two sources need a join; one source needs none"),
+            ("!has(self.join) || size(self.sources) == 2", "a join needs exactly two sources"),
+            ("!has(self.join) || (self.sources.exists(s, s.name == self.join.left.source) && "
+             "self.sources.exists(s, s.name == self.join.right.source))",
+             "join.left.source and join.right.source must name the two sources"),
+            ("!has(self.join) || self.sources.all(s, s.name != self.join.left.source || "
+             "self.join.left.keys.all(k, s.schema.fields.exists(f, f.name == k)))",
+             "join.left.keys must name fields declared in the left source's schema"),
+            ("!has(self.join) || self.sources.all(s, s.name != self.join.right.source || "
+             "self.join.right.keys.all(k, s.schema.fields.exists(f, f.name == k)))",
+             "join.right.keys must name fields declared in the right source's schema"),
+            ("has(self.join) == has(oldSelf.join)", "join cannot be added or removed: it changes the checkpointed state"),
+        )
+    )
+
+    replicas: int = Field(1, ge=0, le=256, description="Parallel pipelines sharing one consumer group.")
+    suspend: bool = Field(False, description="Stop the Spark applications, keeping checkpoints and offsets.")
+    sources: list[Source] = Field(min_length=1, max_length=2, json_schema_extra=_map_list("name"))
+    join: Join | None = None
+    sink: Sink
+    dead_letter: DeadLetter
+    checkpoint: Checkpoint
+    spark: SparkSettings = Field(default_factory=SparkSettings)
+
+    @field_validator("sources")
+    @classmethod
+    def _unique_source_names(cls, v: list[Source]) -> list[Source]:
+        names = [s.name for s in v]
+        if len(set(names)) != len(names):
+            raise ValueError("source names must be unique")
+        return v
+
+    def source(self, name: str) -> Source:
+        return next(s for s in self.sources if s.name == name)
+
+
+# ----------------------------------------------------------------------------------------- status
+
+
+class Condition(ApiModel):
+    """metav1.Condition."""
+
+    type: str = Field(max_length=316)
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
+    message: str = Field("", max_length=32768)
+    last_transition_time: str = Field(json_schema_extra={"format": "date-time"})
+    observed_generation: int | None = Field(None, ge=0)
+
+
+class ReplicaStatus(ApiModel):
+    index: int = Field(ge=0)
+    application: str
+    state: str = Field("", description="spark-operator's applicationState.state.")
+    partitions: str = Field("", description="Which partitions of which topics this replica reads.")
+    message: str = ""
+
+
+class GlassPipelineStatus(ApiModel):
+    observed_generation: int | None = None
+    conditions: list[Condition] = Field(default_factory=list, json_schema_extra=_map_list("type"))
+    replicas: int = 0
+    ready_replicas: int = 0
+    selector: str = ""
+    replica_statuses: list[ReplicaStatus] = Field(default_factory=list, json_schema_extra=_map_list("index"))
+
+
+def parse_spec(spec: dict[str, Any]) -> GlassPipelineSpec:
+    """Validate a spec dict as the API server would have defaulted it (pydantic errors on failure)."""
+    return GlassPipelineSpec.model_validate(spec)
+
+
+def window_ms(duration: str) -> int:
+    return parse_duration_ms(duration)

@@ -1,0 +1,162 @@
+"""Deep validation: what the CRD cannot check, with messages that name the field and the fix."""
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from glasspipe.api.validation import SpecInvalid, validate_resource
+from glasspipe.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+pytestmark = pytest.mark.unit
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "examples" / name).read_text())
+
+
+def problems_of(doc: dict[str, Any]) -> list[str]:
+    with pytest.raises(SpecInvalid) as e:
+        validate_resource(doc)
+    return [str(p) for p in e.value.problems]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_are_valid(path: Path) -> None:
+    spec, columns = validate_resource(yaml.safe_load(path.read_text()))
+    assert columns, "every example writes columns"
+
+
+def test_bad_filter_expression_is_rejected() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["filter"] = "status = = 'x'"
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sources[0].filter: is not a valid Spark SQL expression")
+
+
+def test_filter_on_unknown_field_is_rejected() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["filter"] = "stat = 'delivered'"
+    [msg] = problems_of(doc)
+    assert "spec.sources[0].filter: refers to 'stat'" in msg and "declare it in schema.fields" in msg
+
+
+def test_non_boolean_filter_is_rejected() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["filter"] = "'delivered'"
+    [msg] = problems_of(doc)
+    assert "must be a boolean condition" in msg
+
+
+def test_unknown_dedup_key_is_rejected() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["deduplication"]["keys"] = ["smsid"]
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sources[0].deduplication.keys[0]: 'smsid' is not a declared field")
+    assert "sms_id" in msg  # says what would be valid
+
+
+def test_impossible_type_mapping_is_rejected() -> None:
+    doc = load("orders-users-join.yaml")
+    doc["spec"]["sink"]["clickhouse"]["columns"][3]["type"] = "Float64"  # created_at is a timestamp
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sink.clickhouse.columns[3].type: cannot write field orders.created_at of type "
+                          "timestamp into ClickHouse Float64")
+    assert "DateTime" in msg
+
+
+def test_nullable_field_into_non_nullable_column_is_rejected() -> None:
+    doc = load("orders-users-join.yaml")
+    doc["spec"]["sink"]["clickhouse"]["columns"][4]["type"] = "String"
+    [msg] = problems_of(doc)
+    assert "String cannot hold NULL" in msg and "Nullable(String)" in msg
+
+
+def test_left_join_right_columns_must_be_nullable() -> None:
+    doc = load("orders-users-join.yaml")
+    doc["spec"]["join"]["type"] = "left"
+    doc["spec"]["sources"][1]["schema"]["fields"][1]["nullable"] = False
+    doc["spec"]["sink"]["clickhouse"]["columns"][4]["type"] = "String"
+    [msg] = problems_of(doc)
+    assert "unmatched rows of a left join have no right side" in msg
+
+
+def test_ambiguous_join_column_must_be_qualified() -> None:
+    doc = load("orders-users-join.yaml")
+    doc["spec"]["sink"]["clickhouse"]["columns"][1].pop("from")
+    [msg] = problems_of(doc)
+    assert "'user_id' is a field of both sources: write orders.user_id or users.user_id" in msg
+
+
+def test_default_columns_clash_in_join() -> None:
+    doc = load("orders-users-join.yaml")
+    del doc["spec"]["sink"]["clickhouse"]["columns"]
+    doc["spec"]["sink"]["clickhouse"]["orderBy"] = ["order_id"]
+    msgs = problems_of(doc)
+    assert any("field 'user_id' is in sources 'orders' and 'users'" in m for m in msgs)
+
+
+def test_join_key_type_mismatch() -> None:
+    doc = load("orders-users-join.yaml")
+    doc["spec"]["sources"][1]["schema"]["fields"][0]["type"] = "long"
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.join.right.keys[0]: type long of 'user_id' differs from string")
+
+
+def test_expression_column_needs_type_and_known_fields() -> None:
+    doc = load("filter-mapping.yaml")
+    cols = doc["spec"]["sink"]["clickhouse"]["columns"]
+    cols[1].pop("type")
+    cols[3]["expression"] = "upper(countri)"
+    msgs = problems_of(doc)
+    assert "spec.sink.clickhouse.columns[1].type: a column computed by an expression needs its ClickHouse type" in msgs[0]
+    assert "spec.sink.clickhouse.columns[3].expression: 'countri' is not a declared field" in msgs[1]
+
+
+def test_window_bounds() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["deduplication"]["window"] = "31d"
+    [msg] = problems_of(doc)
+    assert msg == "spec.sources[0].deduplication.window: must be greater than 0 and at most 30d, got 31d"
+    doc["spec"]["sources"][0]["deduplication"]["window"] = "5 minutes"
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sources[0].deduplication.window: '5 minutes' does not match")
+
+
+def test_unknown_field_and_inline_password_are_rejected() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sink"]["clickhouse"]["password"] = "hunter2"
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sink.clickhouse.password: unknown field")
+
+
+def test_event_time_format_must_fit_field_type() -> None:
+    doc = load("filter-mapping.yaml")
+    doc["spec"]["sources"][0]["eventTime"]["format"] = "iso8601"
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sources[0].eventTime.format: field 'paid_at' of type long")
+
+
+def test_resolved_columns_qualify_join_fields() -> None:
+    _, columns = validate_resource(load("orders-users-join.yaml"))
+    by_name = {c.name: c for c in columns}
+    assert by_name["user_id"].sql == "`orders`.`user_id`"
+    assert by_name["country"].sql == "`users`.`country`"
+
+
+def test_cli_validate_reports_every_problem(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    doc = copy.deepcopy(load("sms-dedup.yaml"))
+    doc["spec"]["sources"][0]["filter"] = "status ==="
+    doc["spec"]["sources"][0]["deduplication"]["keys"] = ["nope"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert "spec.sources[0].filter: is not a valid Spark SQL expression" in err
+    assert "spec.sources[0].deduplication.keys[0]: 'nope' is not a declared field" in err
+    assert "Traceback" not in err
+    assert main(["validate", *map(str, EXAMPLES)]) == 0
