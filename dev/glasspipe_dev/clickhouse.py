@@ -1,0 +1,285 @@
+"""A throw-away ClickHouse server (Debian's 18.16 package) on free loopback ports.
+
+We write our own small config into a temporary folder instead of reusing
+/etc/clickhouse-server/config.xml: the packaged one points at /var/lib and /var/log, listens on
+fixed ports 9000/8123/9009 and sizes its caches for a dedicated machine (5 GiB mark cache, 8 GiB
+uncompressed cache), while this machine's 24 GiB are shared with Spark, Kafka and the API server.
+
+stop() and start() can be called again and again: the ports and the data folder stay the same,
+so tests can take ClickHouse away mid-run and bring it back with its tables intact.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from glasspipe_dev.paths import NotInstalledError
+from glasspipe_dev.process import ServerProcess, free_port, port_open
+
+if TYPE_CHECKING:
+    from clickhouse_driver import Client
+
+INSTALL_HINT = "run `bash dev/install/clickhouse.sh` (apt-get installs Debian's clickhouse-server 18.16)"
+
+_SERVER_CANDIDATES = ("/usr/sbin/clickhouse-server", "/usr/bin/clickhouse-server")
+
+_MiB = 1024 * 1024
+
+_CONFIG = """<?xml version="1.0"?>
+<!-- Written by glasspipe_dev.clickhouse for one test server; not for production. -->
+<yandex>
+    <logger>
+        <level>{log_level}</level>
+        <log>{log_dir}/clickhouse-server.log</log>
+        <errorlog>{log_dir}/clickhouse-server.err.log</errorlog>
+        <size>100M</size>
+        <count>2</count>
+        <console>0</console>
+    </logger>
+    <listen_host>127.0.0.1</listen_host>
+    <tcp_port>{tcp_port}</tcp_port>
+    <http_port>{http_port}</http_port>
+    <max_connections>256</max_connections>
+    <keep_alive_timeout>3</keep_alive_timeout>
+    <max_concurrent_queries>64</max_concurrent_queries>
+    <uncompressed_cache_size>{uncompressed_cache_size}</uncompressed_cache_size>
+    <mark_cache_size>{mark_cache_size}</mark_cache_size>
+    <path>{data_dir}/</path>
+    <tmp_path>{data_dir}/tmp/</tmp_path>
+    <user_files_path>{data_dir}/user_files/</user_files_path>
+    <format_schema_path>{data_dir}/format_schemas/</format_schema_path>
+    <users_config>{users_xml}</users_config>
+    <default_profile>default</default_profile>
+    <default_database>default</default_database>
+    <timezone>UTC</timezone>
+    <mlock_executable>false</mlock_executable>
+    <max_table_size_to_drop>0</max_table_size_to_drop>
+    <max_partition_size_to_drop>0</max_partition_size_to_drop>
+    <builtin_dictionaries_reload_interval>3600</builtin_dictionaries_reload_interval>
+    <!-- On SIGTERM, wait this long (s) for open client connections (default 5; tests keep clients). -->
+    <shutdown_wait_unfinished>2</shutdown_wait_unfinished>
+</yandex>
+"""
+
+# background_pool_size is a profile setting in 18.x, read from the default profile at server start.
+_USERS = """<?xml version="1.0"?>
+<yandex>
+    <profiles>
+        <default>
+            <max_memory_usage>{max_memory_usage}</max_memory_usage>
+            <max_memory_usage_for_all_queries>{max_memory_usage_all}</max_memory_usage_for_all_queries>
+            <max_threads>2</max_threads>
+            <!-- idle native connections check for shutdown this often (s); default 10 delays stop() -->
+            <poll_interval>1</poll_interval>
+            <background_pool_size>4</background_pool_size>
+            <background_schedule_pool_size>4</background_schedule_pool_size>
+            <use_uncompressed_cache>0</use_uncompressed_cache>
+            <load_balancing>random</load_balancing>
+        </default>
+    </profiles>
+    <users>
+        <default>
+            <password></password>
+            <networks>
+                <ip>127.0.0.1</ip>
+                <ip>::1</ip>
+            </networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </default>
+    </users>
+    <quotas>
+        <default>
+            <interval>
+                <duration>3600</duration>
+                <queries>0</queries>
+                <errors>0</errors>
+                <result_rows>0</result_rows>
+                <read_rows>0</read_rows>
+                <execution_time>0</execution_time>
+            </interval>
+        </default>
+    </quotas>
+</yandex>
+"""
+
+
+def find_server_binary() -> Path:
+    """The packaged clickhouse-server, or NotInstalledError naming the install script."""
+    found = shutil.which("clickhouse-server")
+    for candidate in ([found] if found else []) + list(_SERVER_CANDIDATES):
+        if Path(candidate).is_file():
+            return Path(candidate)
+    raise NotInstalledError(f"clickhouse-server is not installed: {INSTALL_HINT}")
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'18.16.1' -> (18, 16, 1); '24.8.4.13-lts' -> (24, 8, 4, 13)."""
+    m = re.match(r"\s*(\d+(?:\.\d+)*)", text)
+    if not m:
+        raise ValueError(f"not a ClickHouse version: {text!r}")
+    return tuple(int(p) for p in m.group(1).split("."))
+
+
+class ClickHouseServer:
+    """One clickhouse-server child process with its own config, data and log folder."""
+
+    host = "127.0.0.1"
+
+    def __init__(
+        self,
+        workdir: Path | None = None,
+        *,
+        mark_cache_mib: int = 64,
+        uncompressed_cache_mib: int = 64,
+        max_memory_mib: int = 2048,
+        log_level: str = "information",
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.binary = find_server_binary()
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gp-clickhouse-"))
+        self.data_dir = self.workdir / "data"
+        self.log_dir = self.workdir / "log"
+        self.config_path = self.workdir / "config.xml"
+        self.users_path = self.workdir / "users.xml"
+        self.port = free_port()
+        self.http_port = free_port()
+        while self.http_port == self.port:
+            self.http_port = free_port()
+        self.start_timeout = start_timeout
+        self._settings = {
+            "mark_cache_size": mark_cache_mib * _MiB,
+            "uncompressed_cache_size": uncompressed_cache_mib * _MiB,
+            "max_memory_usage": max_memory_mib * _MiB,
+            "max_memory_usage_all": max_memory_mib * _MiB,
+            "log_level": log_level,
+        }
+        self._process: ServerProcess | None = None
+        self._version: tuple[int, ...] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def _write_config(self) -> None:
+        for d in (self.data_dir, self.log_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(
+            _CONFIG.format(
+                tcp_port=self.port,
+                http_port=self.http_port,
+                data_dir=self.data_dir,
+                log_dir=self.log_dir,
+                users_xml=self.users_path,
+                **self._settings,
+            )
+        )
+        self.users_path.write_text(_USERS.format(**self._settings))
+
+    def start(self) -> ClickHouseServer:
+        """Start (or start again after stop()/kill()) on the same ports and data; wait for SELECT 1."""
+        if self.running():
+            return self
+        self._write_config()
+        for port in (self.port, self.http_port):
+            self._wait_port_free(port)
+        self._process = ServerProcess(
+            "clickhouse-server",
+            [str(self.binary), f"--config-file={self.config_path}"],
+            self.log_dir / "stdout.log",
+            cwd=self.workdir,
+        ).start()
+        self._process.wait_ready(self._ready, self.start_timeout, f"(tcp {self.port}, data {self.data_dir})")
+        return self
+
+    def _wait_port_free(self, port: int, timeout: float = 15.0) -> None:
+        """After a stop the old process's socket can linger briefly; someone else may have taken it."""
+        deadline = time.monotonic() + timeout
+        while port_open(port, self.host):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"port {port} is taken by another process; cannot restart ClickHouse on it"
+                )
+            time.sleep(0.2)
+
+    def _ready(self) -> bool:
+        if not port_open(self.port, self.host):  # the driver logs every refused connection
+            return False
+        client = self.client(connect_timeout=1, send_receive_timeout=5)
+        try:
+            return bool(client.execute("SELECT 1") == [(1,)])
+        finally:
+            client.disconnect()
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.alive()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """A clean shutdown (SIGTERM); the data folder and ports are kept for start()."""
+        if self._process is not None:
+            self._process.stop(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash. start() afterwards recovers from the data folder as a real server would."""
+        if self._process is not None:
+            self._process.kill()
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """stop(), stay down ``down_for`` seconds, start() again on the same ports and data."""
+        self.stop()
+        if down_for > 0:
+            time.sleep(down_for)
+        self.start()
+
+    def close(self) -> None:
+        """Stop for good and remove the temporary folder (only if we created it)."""
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ClickHouseServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- clients -----------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The native-protocol address in the form clickhouse-driver's Client.from_url accepts."""
+        return f"clickhouse://{self.host}:{self.port}/default"
+
+    @property
+    def http_url(self) -> str:
+        return f"http://{self.host}:{self.http_port}/"
+
+    def client(self, database: str = "default", **kwargs: Any) -> Client:
+        """A clickhouse_driver.Client for this server (native protocol)."""
+        from clickhouse_driver import Client
+
+        return Client(host=self.host, port=self.port, database=database, **kwargs)
+
+    def version(self) -> tuple[int, ...]:
+        """The running server's version from SELECT version(), e.g. (18, 16, 1)."""
+        if self._version is None:
+            client = self.client()
+            try:
+                self._version = parse_version(str(client.execute("SELECT version()")[0][0]))
+            finally:
+                client.disconnect()
+        return self._version
+
+    def log_tail(self, lines: int = 40) -> str:
+        path = self.log_dir / "clickhouse-server.err.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"

@@ -1,0 +1,28 @@
+"""Session-scoped real ClickHouse server for integration tests (wired in via pytest_plugins).
+
+The server is Debian's clickhouse-server, installed by dev/install/clickhouse.sh. A missing
+install fails the test run loudly (never a skip): integration tests must talk to the real thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from glasspipe_dev.clickhouse import INSTALL_HINT, ClickHouseServer
+from glasspipe_dev.paths import NotInstalledError
+
+
+@pytest.fixture(scope="session")
+def clickhouse() -> Iterator[ClickHouseServer]:
+    """A started ClickHouseServer on free loopback ports with a temporary data folder."""
+    try:
+        server = ClickHouseServer()
+    except NotInstalledError as e:
+        pytest.fail(f"ClickHouse is not installed: {e}. Fix: {INSTALL_HINT}", pytrace=False)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
