@@ -1,0 +1,114 @@
+"""A local Spark for tests: the Kafka connector jars from the cache and a small local[2] session.
+
+The connector (spark-sql-kafka-0-10_2.13 at exactly the installed pyspark version, plus what it needs
+that the pyspark wheel lacks) is fetched from Maven Central by dev/install/spark-jars.sh and passed
+with `spark.jars`: no Ivy resolution at run time, so tests never touch the network.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from glasspipe_dev.paths import NotInstalledError, cache_dir, java_home
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+INSTALL_HINT = "run `bash dev/install/spark-jars.sh` (fetches spark-sql-kafka-0-10 from Maven Central with mvn)"
+
+
+def pyspark_version() -> str:
+    import pyspark
+
+    return str(pyspark.__version__)
+
+
+def spark_jars_dir(version: str | None = None) -> Path:
+    return cache_dir() / "spark-jars" / (version or pyspark_version())
+
+
+def spark_jars(version: str | None = None) -> list[str]:
+    """Absolute paths of the Kafka connector jars for the installed pyspark (for `spark.jars`)."""
+    version = version or pyspark_version()
+    folder = spark_jars_dir(version)
+    connector = folder / f"spark-sql-kafka-0-10_2.13-{version}.jar"
+    if not (folder / ".installed").is_file() or not connector.is_file():
+        raise NotInstalledError(
+            f"Spark Kafka connector jars for pyspark {version} not found in {folder}: {INSTALL_HINT}"
+        )
+    return sorted(str(p) for p in folder.glob("*.jar"))
+
+
+def ensure_java_env() -> None:
+    """Spark 4 needs Java 17; pyspark starts whatever `java` JAVA_HOME (else PATH) names."""
+    home = java_home()
+    if not (Path(home) / "bin" / "java").is_file():
+        raise NotInstalledError(f"no Java 17 at {home} (set JAVA_HOME or apt-get install openjdk-17-jdk-headless)")
+    os.environ["JAVA_HOME"] = home
+    # Executors' Python workers must be this interpreter (the venv), not whatever `python3` is on PATH.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Skips the hostname lookup and the "resolves to a loopback address" warning.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+
+def local_spark_session(
+    app_name: str,
+    shuffle_partitions: int = 2,
+    extra_conf: Mapping[str, str] | None = None,
+    extra_jars: Sequence[str] | None = None,
+    driver_memory: str = "1g",
+) -> SparkSession:
+    """A local[2] SparkSession with the Kafka connector on its classpath, sized for a shared 2-core box.
+
+    Static settings (jars, memory) only apply when this call starts the JVM; if a session is already
+    running without our jars we fail instead of silently returning a session that cannot read Kafka.
+    """
+    ensure_java_env()
+    from pyspark.sql import SparkSession
+
+    jars = [*spark_jars(), *(str(Path(j).resolve()) for j in (extra_jars or ()))]
+    scratch = Path(tempfile.mkdtemp(prefix="gp-spark-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    conf: dict[str, str] = {
+        "spark.jars": ",".join(jars),
+        "spark.driver.memory": driver_memory,
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Stateful streaming keeps one state store per shuffle partition: the default 200 is far too
+        # many for 2 cores (and the count is frozen into each checkpoint).
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.default.parallelism": "2",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.warehouse.dir": str(scratch / "warehouse"),
+        "spark.local.dir": str(scratch / "local"),
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'}",
+        "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
+        "spark.sql.streaming.numRecentProgressUpdates": "20",
+        "spark.python.worker.reuse": "true",
+    }
+    conf.update(extra_conf or {})
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        have = set(filter(None, active.sparkContext.getConf().get("spark.jars", "").split(",")))
+        missing = [j for j in jars if j not in have]
+        if missing:
+            raise RuntimeError(
+                f"a SparkSession is already running without {missing}; stop it before local_spark_session()"
+            )
+    builder = SparkSession.builder.master("local[2]").appName(app_name)
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

@@ -1,0 +1,54 @@
+"""The real Kafka broker from dev/ takes writes on every partition and gives them all back."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from glasspipe_dev.kafka import KafkaServer
+
+pytestmark = pytest.mark.integration
+
+N = 3000
+PARTITIONS = 3
+
+
+def test_produce_and_consume_every_partition(kafka: KafkaServer) -> None:
+    topic = f"smoke-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, PARTITIONS)
+
+    producer = Producer({**kafka.client_config(), "enable.idempotence": True, "linger.ms": 5})
+    for i in range(N):
+        producer.produce(topic, key=f"k{i}".encode(), value=f'{{"i": {i}}}'.encode())
+        producer.poll(0)
+    assert producer.flush(30) == 0, "producer did not deliver everything"
+
+    consumer = Consumer(
+        {
+            **kafka.client_config(),
+            "group.id": f"smoke-{topic}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+    consumer.subscribe([topic])
+    seen: dict[int, int] = {}
+    values: set[bytes] = set()
+    deadline = time.monotonic() + 60
+    try:
+        while len(values) < N and time.monotonic() < deadline:
+            for msg in consumer.consume(num_messages=1000, timeout=1.0):
+                assert msg.error() is None, msg.error()
+                partition, value = msg.partition(), msg.value()
+                assert partition is not None and value is not None
+                seen[partition] = seen.get(partition, 0) + 1
+                values.add(value)
+    finally:
+        consumer.close()
+
+    assert len(values) == N
+    assert sum(seen.values()) == N  # no duplicates either
+    assert sorted(seen) == list(range(PARTITIONS)), f"partitions used: {seen}"
