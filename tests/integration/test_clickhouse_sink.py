@@ -1,0 +1,345 @@
+"""The exactly-once ClickHouse sink against the real local ClickHouse (18.16: the marker mechanism).
+
+Crashes are real where it matters: a child process running the sink is SIGKILLed mid-batch, and the
+server itself is stopped for ~10 s while a batch is being written.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import pytest
+
+from glasspipe.api.validation import OutputColumn
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_job.clickhouse_sink import LEDGER_TABLE, MARKER_COLUMN, ClickHouseSink, SinkError, WriteResult
+
+pytestmark = pytest.mark.integration
+
+COLS = [
+    OutputColumn("id", "`id`", "Int64", "s.id"),
+    OutputColumn("key", "`key`", "String", "s.key"),
+    OutputColumn("ts", "`ts`", "DateTime", "s.ts"),
+    OutputColumn("v", "`v`", "Nullable(Float64)", "s.v"),
+]
+T0 = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
+
+
+def rows(lo: int, hi: int, shuffle: int | None = None) -> dict[str, list[Any]]:
+    ids = list(range(lo, hi))
+    if shuffle is not None:  # a replay may bring the same rows in another order
+        random.Random(shuffle).shuffle(ids)
+    return {
+        "id": ids,
+        "key": [f"k{i % 97}" for i in ids],
+        "ts": [T0 + dt.timedelta(seconds=i) for i in ids],
+        "v": [None if i % 10 == 0 else i / 4 for i in ids],
+    }
+
+
+def new_table() -> str:
+    return "sink_" + uuid.uuid4().hex[:10]
+
+
+def sink_for(server: ClickHouseServer, table: str, **kw: Any) -> ClickHouseSink:
+    kw.setdefault("max_rows", 100)
+    kw.setdefault("create_table", True)
+    kw.setdefault("writer_id", "default.pipe-0")
+    return ClickHouseSink([f"{server.host}:{server.port}"], "default", table, COLS, **kw)
+
+
+def stats(server: ClickHouseServer, table: str) -> tuple[int, int]:
+    """(rows, distinct ids) of a table: equal when nothing was written twice."""
+    ((n, uniq),) = server.client().execute(f"SELECT count(), uniqExact(id) FROM {table}")
+    return int(n), int(uniq)
+
+
+def ledger_rows(server: ClickHouseServer, writer: str) -> list[tuple[int, int, int, str]]:
+    return [
+        tuple(r)
+        for r in server.client().execute(
+            f"SELECT batch_id, chunks, rows, offsets FROM {LEDGER_TABLE} WHERE writer = %(w)s "
+            "ORDER BY batch_id",
+            {"w": writer},
+        )
+    ]
+
+
+def test_replay_of_a_committed_batch_writes_nothing(clickhouse: ClickHouseServer) -> None:
+    table = new_table()
+    with sink_for(clickhouse, table) as sink:
+        assert sink.committed_offsets() is None
+        first = sink.write_batch(0, rows(0, 250), '{"topic":{"0":250}}')
+        assert first == WriteResult(250, 3, False, 0, 1)
+        assert sink.write_batch(0, rows(0, 250), '{"topic":{"0":250}}').skipped_replay
+        sink.write_batch(1, rows(250, 300), '{"topic":{"0":300}}')
+    # a new driver process after a crash replays batch 1 (same id, same rows, another order)
+    with sink_for(clickhouse, table) as again:
+        replay = again.write_batch(1, rows(250, 300, shuffle=1), '{"topic":{"0":300}}')
+        assert replay.skipped_replay and replay.rows_written == 0
+        assert again.committed_offsets() == '{"topic":{"0":300}}'
+        assert again.committed_offsets("someone-else") is None
+    assert stats(clickhouse, table) == (300, 300)
+    assert ledger_rows(clickhouse, "default.pipe-0")[-2:] == [
+        (0, 3, 250, '{"topic":{"0":250}}'),
+        (1, 1, 50, '{"topic":{"0":300}}'),
+    ]
+    markers = sorted(clickhouse.client().execute(f"SELECT DISTINCT {MARKER_COLUMN} FROM {table}"))
+    assert [m for (m,) in markers] == [
+        "default.pipe-0/0/0",
+        "default.pipe-0/0/1",
+        "default.pipe-0/0/2",
+        "default.pipe-0/1/0",
+    ]
+
+
+class Crash(BaseException):
+    """Stands for the driver process dying: not an Exception, so the sink does not retry it."""
+
+
+def test_batch_whose_first_chunks_landed_before_a_crash(clickhouse: ClickHouseServer) -> None:
+    table = new_table()
+    writer = "default.crashy-0"
+    dead = sink_for(clickhouse, table, writer_id=writer)
+    dead.open()
+    real_client = dead.client
+    inserts = {"n": 0}
+
+    class DiesAfterTwoChunks:
+        def execute(self, query: str, *a: Any, **kw: Any) -> Any:
+            if query.startswith(f"INSERT INTO `default`.`{table}`"):
+                if inserts["n"] == 2:
+                    raise Crash()
+                inserts["n"] += 1
+            return real_client.execute(query, *a, **kw)
+
+        def disconnect(self) -> None:
+            real_client.disconnect()
+
+    dead._client = DiesAfterTwoChunks()
+    with pytest.raises(Crash):
+        dead.write_batch(0, rows(0, 550), "o0")
+    assert stats(clickhouse, table) == (200, 200) and ledger_rows(clickhouse, writer) == []
+
+    # the restarted job replays batch 0 with the rows in another order
+    with sink_for(clickhouse, table, writer_id=writer) as sink:
+        res = sink.write_batch(0, rows(0, 550, shuffle=7), "o0")
+    assert (res.rows_written, res.chunks, res.chunks_skipped) == (350, 6, 2)
+    assert stats(clickhouse, table) == (550, 550)
+    assert ledger_rows(clickhouse, writer) == [(0, 6, 550, "o0")]
+
+
+_CHILD = textwrap.dedent(
+    """
+    import sys, datetime as dt
+    from glasspipe.api.validation import OutputColumn
+    from glasspipe_job.clickhouse_sink import ClickHouseSink
+    port, table, batch = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+    cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("key", "`key`", "String", None),
+            OutputColumn("ts", "`ts`", "DateTime", None), OutputColumn("v", "`v`", "Nullable(Float64)", None)]
+    n = 400_000
+    ids = list(range(batch * n, (batch + 1) * n))
+    t0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
+    data = {"id": ids, "key": [f"k{i % 97}" for i in ids], "ts": [t0 + dt.timedelta(seconds=i) for i in ids],
+            "v": [None if i % 10 == 0 else i / 4 for i in ids]}
+    sink = ClickHouseSink([f"127.0.0.1:{port}"], "default", table, cols, "default.killed-0", max_rows=40_000,
+                          create_table=True).open()
+    print("WRITING", flush=True)
+    sink.write_batch(batch, data, f"o{batch}")
+    print("DONE", flush=True)
+    """
+)
+
+
+def test_sigkilled_writer_then_replay_is_exactly_once(clickhouse: ClickHouseServer) -> None:
+    """A real crash: the process running write_batch is SIGKILLed at several points of a 10-chunk batch."""
+    table = new_table()
+    outcomes = []
+    watcher = clickhouse.client()
+    for batch, delay in enumerate((0.0, 0.05, 0.2)):
+        child = subprocess.Popen(
+            [sys.executable, "-c", _CHILD, str(clickhouse.port), table, str(batch)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "WRITING"
+        # kill it while it sends chunks: once the first chunk of this batch is visible, plus `delay`
+        deadline = time.monotonic() + 60
+        while watcher.execute(f"SELECT count() FROM {table}")[0][0] <= batch * 400_000:
+            assert time.monotonic() < deadline and child.poll() is None
+            time.sleep(0.005)
+        time.sleep(delay)
+        child.send_signal(signal.SIGKILL)
+        child.wait(10)
+        time.sleep(0.5)  # the server finishes (or drops) the insert it was receiving
+        landed = stats(clickhouse, table)[0] - batch * 400_000
+        n = 400_000
+        data = rows(batch * n, (batch + 1) * n, shuffle=batch)  # same rows as the child's, another order
+        with sink_for(clickhouse, table, writer_id="default.killed-0", max_rows=40_000) as sink:
+            res = sink.write_batch(batch, data, f"o{batch}")
+        outcomes.append((landed, res.chunks_skipped, res.rows_written))
+        assert landed % 40_000 == 0, f"a chunk landed partially: {landed} rows"  # one block: all or nothing
+        assert res.rows_written + landed == n or res.skipped_replay
+        assert stats(clickhouse, table) == ((batch + 1) * n, (batch + 1) * n)
+    print("rows landed before each kill, chunks skipped, rows written on replay:", outcomes)
+    assert any(0 < landed < 400_000 for landed, _, _ in outcomes), outcomes
+
+
+def test_clickhouse_down_for_10s_during_write_batch(clickhouse: ClickHouseServer) -> None:
+    table = new_table()
+    writer = "default.outage-0"
+    with sink_for(clickhouse, table, writer_id=writer, max_rows=20_000) as sink:
+        sink.write_batch(0, rows(0, 10), "o0")
+        data = rows(10, 400_010)
+        result: list[WriteResult | BaseException] = []
+
+        def write() -> None:
+            try:
+                result.append(sink.write_batch(1, data, "o1"))
+            except BaseException as e:
+                result.append(e)
+
+        worker = threading.Thread(target=write)
+        worker.start()
+        watcher = clickhouse.client()
+        deadline = time.monotonic() + 60
+        while not watcher.execute(f"SELECT count() FROM {table} WHERE {MARKER_COLUMN} LIKE '%/1/%'")[0][0]:
+            assert time.monotonic() < deadline and worker.is_alive(), result
+            time.sleep(0.02)
+        watcher.disconnect()
+        t_stop = time.monotonic()
+        clickhouse.stop()
+        time.sleep(10)
+        clickhouse.start()
+        worker.join(120)
+        assert not worker.is_alive()
+        took = time.monotonic() - t_stop
+    res = result[0]
+    assert isinstance(res, WriteResult), res
+    assert res.attempts > 1 and res.rows_written + 20_000 * res.chunks_skipped == 400_000
+    assert stats(clickhouse, table) == (400_010, 400_010)
+    assert ledger_rows(clickhouse, writer) == [(0, 1, 10, "o0"), (1, 20, 400_000, "o1")]
+    print(f"outage: write_batch finished {took:.1f} s after the stop, in {res.attempts} attempts")
+
+
+def test_partial_chunk_is_deleted_and_rewritten(clickhouse: ClickHouseServer) -> None:
+    """A chunk stored only in part (a server crash between the parts of one INSERT) is replaced."""
+    table = new_table()
+    writer = "default.partial-0"
+    sink_for(clickhouse, table, writer_id=writer).open().close()
+    c = clickhouse.client()
+    part = rows(0, 40)
+    c.execute(
+        f"INSERT INTO {table} (id, key, ts, v, {MARKER_COLUMN}) VALUES",
+        [
+            part["id"],
+            part["key"],
+            [int(t.timestamp()) for t in part["ts"]],
+            part["v"],
+            [f"{writer}/0/0"] * 40,
+        ],
+        columnar=True,
+    )
+    with sink_for(clickhouse, table, writer_id=writer) as sink:
+        res = sink.write_batch(0, rows(0, 150), "o0")
+    assert res.rows_written == 150 and res.attempts >= 2
+    assert stats(clickhouse, table) == (150, 150)
+
+
+def test_values_of_every_spark_type_round_trip(clickhouse: ClickHouseServer) -> None:
+    table = new_table()
+    cols = [
+        OutputColumn("s", "`s`", "LowCardinality(String)", None),
+        OutputColumn("flag", "`flag`", "UInt8", None),
+        OutputColumn("n", "`n`", "Nullable(Int32)", None),
+        OutputColumn("f", "`f`", "Float32", None),
+        OutputColumn("amount", "`amount`", "Decimal(18, 4)", None),
+        OutputColumn("ts", "`ts`", "DateTime", None),
+        OutputColumn("day", "`day`", "Date", None),
+        OutputColumn("txt", "`txt`", "Nullable(String)", None),
+    ]
+    naive = dt.datetime(2024, 5, 1, 12, 30, 15)
+    aware = dt.datetime(2024, 5, 1, 14, 30, 16, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    data: dict[str, list[Any]] = {
+        "s": ["a", "b"],
+        "flag": [True, False],
+        "n": [None, 7],
+        "f": [1.5, 2],
+        "amount": [Decimal("12.3456"), Decimal("-1.0001")],
+        "ts": [naive, aware],
+        "day": [dt.date(2024, 5, 1), dt.datetime(2024, 5, 2, 23, 0, tzinfo=dt.UTC)],
+        "txt": [None, 42],
+    }
+    with ClickHouseSink(
+        [f"127.0.0.1:{clickhouse.port}"],
+        "default",
+        table,
+        cols,
+        "default.types-0",
+        create_table=True,
+        order_by=["s"],
+    ) as sink:
+        sink.write_batch(0, data, "o")
+    got = clickhouse.client().execute(
+        f"SELECT s, flag, n, f, amount, toUnixTimestamp(ts), day, txt FROM {table} ORDER BY s"
+    )
+    assert got == [
+        ("a", 1, None, 1.5, Decimal("12.3456"), 1714566615, dt.date(2024, 5, 1), None),
+        ("b", 0, 7, 2.0, Decimal("-1.0001"), 1714566616, dt.date(2024, 5, 2), "42"),
+    ]
+    types = dict(
+        clickhouse.client().execute(
+            f"SELECT name, type FROM system.columns WHERE database = 'default' AND table = '{table}'"
+        )
+    )
+    assert types["s"] == "LowCardinality(String)" and types[MARKER_COLUMN] == "String"
+
+
+def test_permanent_errors_say_what_to_fix(clickhouse: ClickHouseServer) -> None:
+    c = clickhouse.client()
+    missing = new_table()
+    with pytest.raises(SinkError, match=r"does not exist.*createTable: true"):
+        sink_for(clickhouse, missing, create_table=False).open()
+
+    no_marker = new_table()
+    c.execute(
+        f"CREATE TABLE {no_marker} (id Int64, key String, ts DateTime, v Nullable(Float64)) "
+        "ENGINE = MergeTree ORDER BY id"
+    )
+    with pytest.raises(SinkError) as e:
+        sink_for(clickhouse, no_marker, create_table=False).open()
+    assert f"ALTER TABLE `default`.`{no_marker}` ADD COLUMN {MARKER_COLUMN} String DEFAULT ''" in str(e.value)
+    assert "22.2" in str(e.value)
+
+    lacks_v = new_table()
+    c.execute(
+        f"CREATE TABLE {lacks_v} (id Int64, key String, ts DateTime, {MARKER_COLUMN} String) "
+        "ENGINE = MergeTree ORDER BY id"
+    )
+    with pytest.raises(SinkError, match=r"lacks column\(s\) v.*ADD COLUMN `v` Nullable\(Float64\)"):
+        sink_for(clickhouse, lacks_v, create_table=False).open()
+
+    wrong_type = new_table()
+    c.execute(
+        f"CREATE TABLE {wrong_type} (id Int64, key UInt32, ts DateTime, v Nullable(Float64), "
+        f"{MARKER_COLUMN} String) ENGINE = MergeTree ORDER BY id"
+    )
+    with (
+        sink_for(clickhouse, wrong_type, create_table=False, writer_id="default.wrong-0") as sink,
+        pytest.raises(SinkError, match=r"column 'key' \(UInt32\): cannot convert value 'k0'"),
+    ):
+        sink.write_batch(0, rows(0, 5), "o")
+
+    with pytest.raises(SinkError, match=r"code 193|code 516|wrong password|credentialsSecretRef"):
+        sink_for(clickhouse, new_table(), password="nope").open()

@@ -1,0 +1,535 @@
+"""ClickHouseSink without a server: chunking, markers, mechanism choice, conversion, error classification.
+
+A recording fake stands in for clickhouse_driver.Client so that the SQL and settings the token
+mechanism (ClickHouse >= 22.2, not installable here) would send can be checked.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from clickhouse_driver import errors
+
+from glasspipe.api.validation import OutputColumn
+from glasspipe_job.clickhouse_sink import (
+    LEDGER_TABLE,
+    MARKER_COLUMN,
+    ClickHouseSink,
+    Mechanism,
+    SinkError,
+    SinkUnavailable,
+    canonical_order,
+    choose_mechanism,
+    chunk_bounds,
+    convert_column,
+    describe_error,
+    is_transient,
+    marker_value,
+    parse_host,
+)
+
+pytestmark = pytest.mark.unit
+
+COLS = [
+    OutputColumn("id", "`id`", "Int64", "s.id"),
+    OutputColumn("name", "`name`", "Nullable(String)", "s.name"),
+]
+
+
+@dataclass
+class Call:
+    query: str
+    params: Any
+    settings: dict[str, Any] | None
+
+
+class FakeClient:
+    """Answers the sink's metadata queries like a server of ``version`` would; records everything."""
+
+    def __init__(
+        self,
+        version: str,
+        engine: str = "MergeTree",
+        engine_full: str = "MergeTree ORDER BY id",
+        marker: bool = True,
+        fail_inserts: list[BaseException] | None = None,
+    ) -> None:
+        self.version = version
+        self.engine, self.engine_full = engine, engine_full
+        self.marker = marker
+        self.calls: list[Call] = []
+        self.ledger: list[tuple[str, int, int, int, str]] = []
+        self.chunks: dict[str, int] = {}
+        self.fail_inserts = list(fail_inserts or [])
+
+    def execute(self, query: str, params: Any = None, **kwargs: Any) -> Any:
+        self.calls.append(Call(query, params, kwargs.get("settings")))
+        q = query.strip()
+        if q == "SELECT version()":
+            return [(self.version,)]
+        if q.startswith("CREATE"):
+            return []
+        if "FROM system.tables" in q and "count()" in q:
+            return [(1,)]
+        if "FROM system.columns" in q:
+            cols = [("id", "Int64"), ("name", "Nullable(String)")]
+            return cols + ([(MARKER_COLUMN, "String")] if self.marker else [])
+        if "FROM system.tables" in q:
+            return [(self.engine, self.engine_full)]
+        if q.startswith("SELECT chunks, rows FROM"):
+            hit = [r for r in self.ledger if r[0] == params["w"] and r[1] == params["b"]]
+            return [(hit[0][2], hit[0][3])] if hit else []
+        if q.startswith("SELECT batch_id, chunks, rows, offsets"):
+            hit = sorted((r for r in self.ledger if r[0] == params["w"]), key=lambda r: -r[1])
+            return [hit[0][1:]] if hit else []
+        if q.startswith(f"SELECT `{MARKER_COLUMN}`, count()"):
+            return [(m, n) for m, n in self.chunks.items() if m.startswith(params["p"])]
+        if q.startswith("INSERT INTO") and LEDGER_TABLE in q:
+            w, b, c, r, o = (col[0] for col in params)
+            self.ledger.append((w, b, c, r, o))
+            return None
+        if q.startswith("INSERT INTO"):
+            if self.fail_inserts:
+                raise self.fail_inserts.pop(0)
+            if self.marker:
+                self.chunks[params[-1][0]] = self.chunks.get(params[-1][0], 0) + len(params[-1])
+            return None
+        raise AssertionError(f"unexpected query {q}")
+
+    def disconnect(self) -> None:
+        pass
+
+    def inserts(self) -> list[Call]:
+        return [c for c in self.calls if c.query.startswith("INSERT INTO `default`.`t`")]
+
+
+def make_sink(client: FakeClient, **kw: Any) -> ClickHouseSink:
+    kw.setdefault("max_rows", 3)
+    return ClickHouseSink(
+        ["127.0.0.1"], "default", "t", COLS, "w0", client_factory=lambda: client, sleep=lambda s: None, **kw
+    )
+
+
+def batch(n: int) -> dict[str, list[Any]]:
+    return {"id": list(range(n)), "name": [f"n{i}" if i % 3 else None for i in range(n)]}
+
+
+# ------------------------------------------------------------------------------------ pure helpers
+
+
+def test_chunk_bounds() -> None:
+    assert chunk_bounds(0, 5) == []
+    assert chunk_bounds(5, 5) == [(0, 5)]
+    assert chunk_bounds(11, 5) == [(0, 5), (5, 10), (10, 11)]
+    with pytest.raises(ValueError):
+        chunk_bounds(3, 0)
+
+
+def test_marker_value_and_hosts() -> None:
+    assert marker_value("ns.pipe-0", 42, 3) == "ns.pipe-0/42/3"
+    assert parse_host("ch1", False) == ("ch1", 9000)
+    assert parse_host("ch1", True) == ("ch1", 9440)
+    assert parse_host("ch1.example:9001", True) == ("ch1.example", 9001)
+    with pytest.raises(ValueError, match="no '/'"):
+        ClickHouseSink(["h"], "default", "t", COLS, "a/b")
+
+
+def test_canonical_order_is_independent_of_input_order() -> None:
+    ids = [3, 1, 2, 1, None]
+    vals = [0.5, math.nan, 1.0, 2.0, None]
+    order = canonical_order([ids, vals])
+    rows = sorted(zip(ids, vals, strict=True), key=lambda r: (r[0] is None, r[0] or 0, str(r[1])))
+    shuffled = [rows[i] for i in (4, 2, 0, 3, 1)]
+    order2 = canonical_order([[r[0] for r in shuffled], [r[1] for r in shuffled]])
+    a = [(ids[i], str(vals[i])) for i in order]
+    b = [(shuffled[i][0], str(shuffled[i][1])) for i in order2]
+    assert a == b
+    assert a[-1] == (None, "None")
+
+
+# ------------------------------------------------------------------------------------ mechanism choice
+
+
+@pytest.mark.parametrize(
+    ("version", "engine", "engine_full", "marker", "expected"),
+    [
+        ((18, 16, 1), "MergeTree", "MergeTree ORDER BY id", True, Mechanism.MARKER),
+        (
+            (21, 8),
+            "ReplicatedMergeTree",
+            "ReplicatedMergeTree('/p', 'r') ORDER BY id",
+            True,
+            Mechanism.MARKER,
+        ),
+        (
+            (22, 2),
+            "ReplicatedMergeTree",
+            "ReplicatedMergeTree('/p', 'r') ORDER BY id",
+            False,
+            Mechanism.TOKEN,
+        ),
+        (
+            (24, 8, 4),
+            "MergeTree",
+            "MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 10000",
+            False,
+            Mechanism.TOKEN,
+        ),
+        (
+            (24, 8),
+            "MergeTree",
+            "MergeTree ORDER BY id SETTINGS index_granularity = 8192",
+            True,
+            Mechanism.MARKER,
+        ),
+        (
+            (24, 8),
+            "ReplacingMergeTree",
+            "ReplacingMergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 100",
+            True,
+            Mechanism.TOKEN,
+        ),
+    ],
+)
+def test_mechanism_by_version_and_table(
+    version: tuple[int, ...], engine: str, engine_full: str, marker: bool, expected: Mechanism
+) -> None:
+    assert choose_mechanism(version, engine, engine_full, marker, "`d`.`t`") is expected
+
+
+def test_old_server_without_marker_says_how_to_fix() -> None:
+    with pytest.raises(SinkError) as e:
+        choose_mechanism((18, 16, 1), "MergeTree", "MergeTree ORDER BY id", False, "`d`.`t`")
+    assert f"ALTER TABLE `d`.`t` ADD COLUMN {MARKER_COLUMN} String DEFAULT ''" in str(e.value)
+    assert "22.2" in str(e.value)
+
+
+def test_modern_plain_mergetree_without_window_or_marker_is_refused() -> None:
+    with pytest.raises(SinkError, match="MODIFY SETTING non_replicated_deduplication_window = 10000"):
+        choose_mechanism((24, 8), "MergeTree", "MergeTree ORDER BY id", False, "`d`.`t`")
+
+
+def test_non_mergetree_engine_is_refused() -> None:
+    with pytest.raises(SinkError, match="Distributed"):
+        choose_mechanism((24, 8), "Distributed", "Distributed(c, d, t)", True, "`d`.`t`")
+
+
+# ------------------------------------------------------------------------------------ error classification
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (errors.NetworkError("Connection refused (127.0.0.1:9000)"), True),
+        (errors.SocketTimeoutError("timed out"), True),
+        (EOFError("Unexpected EOF while reading bytes"), True),
+        (ConnectionResetError(104, "reset"), True),
+        (
+            errors.ServerException("Too many parts (300). Merges are processing significantly slower", 252),
+            True,
+        ),
+        (errors.ServerException("Too many partitions for single INSERT block (more than 100)", 252), False),
+        (errors.ServerException("Timeout exceeded", 159), True),
+        (errors.ServerException("Memory limit (for query) exceeded", 241), True),
+        (errors.ServerException("Table is in readonly mode", 242), True),
+        (errors.ServerException("Table default.t doesn't exist.", 60), False),
+        (errors.ServerException("No such column x in table default.t", 16), False),
+        (errors.ServerException("Type mismatch", 53), False),
+        (errors.ServerException("Wrong password for user default", 193), False),
+        (errors.ServerException("Syntax error", 62), False),
+        (errors.TypeMismatchError("Type mismatch in VALUES section"), False),
+        (errors.NetworkError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"), False),
+        (ValueError("bad"), False),
+    ],
+)
+def test_error_classification(exc: BaseException, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+def test_permanent_error_message_names_table_and_fix() -> None:
+    msg = describe_error(
+        errors.ServerException("DB::Exception: Table db.t doesn't exist.. Stack trace:\n0. x", 60), "db", "t"
+    )
+    assert "`db`.`t`" in msg and "createTable: true" in msg and "Stack trace" not in msg
+    msg = describe_error(errors.ServerException("Wrong password for user bob", 193), "db", "t")
+    assert "credentialsSecretRef" in msg
+
+
+# ------------------------------------------------------------------------------------ value conversion
+
+
+def test_value_conversion_for_driver() -> None:
+    utc = dt.UTC
+    aware = dt.datetime(2024, 5, 1, 12, 0, 1, 250_000, tzinfo=utc)
+    naive = dt.datetime(2024, 5, 1, 12, 0, 1, 250_000)
+    plus2 = dt.datetime(2024, 5, 1, 14, 0, 1, 250_000, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    epoch = 1714564801
+    assert convert_column("ts", "DateTime", [aware, naive, plus2, epoch]) == [epoch] * 4
+    assert convert_column("ts", "Nullable(DateTime)", [None, dt.date(2024, 5, 1)]) == [None, 1714521600]
+    assert convert_column("ts", "DateTime64(3)", [aware]) == [epoch * 1000 + 250]
+    assert convert_column("ts", "DateTime64(6, 'UTC')", [naive]) == [epoch * 1_000_000 + 250_000]
+    assert convert_column("d", "Date", [aware, dt.date(2024, 1, 2), "2024-01-03"]) == [
+        dt.date(2024, 5, 1),
+        dt.date(2024, 1, 2),
+        dt.date(2024, 1, 3),
+    ]
+    assert convert_column("b", "UInt8", [True, False, 1]) == [1, 0, 1]
+    assert all(type(v) is int for v in convert_column("b", "UInt8", [True, False]))
+    assert convert_column("b", "Bool", [1, 0, True]) == [True, False, True]
+    assert convert_column("f", "Float64", [1, Decimal("2.5")]) == [1.0, 2.5]
+    assert convert_column("x", "Decimal(18, 4)", [Decimal("1.2345"), 3, 0.1]) == [
+        Decimal("1.2345"),
+        3,
+        Decimal("0.1"),
+    ]
+    assert convert_column(
+        "s", "LowCardinality(Nullable(String))", [None, 5, True, Decimal("1E+2"), aware]
+    ) == [None, "5", "true", "100", "2024-05-01 12:00:01.250000"]
+    src = ["a", "b"]
+    out = convert_column("s", "String", src)
+    assert out == src and out is not src
+
+
+def test_null_in_non_nullable_column_is_a_clear_error() -> None:
+    with pytest.raises(SinkError, match=r"column 'id' \(Int64\) got NULL .*row 1.*Nullable\(Int64\)"):
+        convert_column("id", "Int64", [1, None])
+
+
+def test_unconvertible_value_names_column() -> None:
+    with pytest.raises(SinkError, match=r"column 'n' \(Int32\): cannot convert value 'abc'"):
+        convert_column("n", "Int32", [1, "abc"])
+
+
+# ------------------------------------------------------------------------------------ protocol, fake server
+
+
+def test_marker_mechanism_chunks_markers_and_ledger() -> None:
+    fake = FakeClient("18.16.1")
+    sink = make_sink(fake)
+    res = sink.write_batch(7, batch(7), '{"t":{"0":7}}')
+    assert sink.mechanism is Mechanism.MARKER
+    assert (res.rows_written, res.chunks, res.skipped_replay) == (7, 3, False)
+    inserts = fake.inserts()
+    assert [len(c.params[0]) for c in inserts] == [3, 3, 1]
+    assert [c.params[-1][0] for c in inserts] == ["w0/7/0", "w0/7/1", "w0/7/2"]
+    assert all(set(c.params[-1]) == {c.params[-1][0]} for c in inserts)
+    assert inserts[0].query == "INSERT INTO `default`.`t` (`id`, `name`, `_glasspipe_batch`) VALUES"
+    assert all("insert_deduplication_token" not in (c.settings or {}) for c in fake.calls)
+    assert inserts[-1].settings == {"insert_block_size": 1}
+    assert fake.ledger == [("w0", 7, 3, 7, '{"t":{"0":7}}')]
+    # the first batch of a fresh sink looked for chunks of a crashed predecessor; the next one does not
+    res2 = sink.write_batch(8, batch(2), "o8")
+    assert res2.rows_written == 2
+    looks = [c for c in fake.calls if c.query.startswith(f"SELECT `{MARKER_COLUMN}`")]
+    assert len(looks) == 1 and looks[0].params == {"n": len("w0/7/"), "p": "w0/7/"}
+    assert sink.committed_offsets() == "o8"
+
+
+def test_replay_of_committed_batch_writes_nothing() -> None:
+    fake = FakeClient("18.16.1")
+    sink = make_sink(fake)
+    sink.write_batch(1, batch(4), "o1")
+    before = len(fake.inserts())
+    res = make_sink(fake).write_batch(1, batch(4), "o1")
+    assert res.skipped_replay and res.rows_written == 0 and res.chunks == 2
+    assert len(fake.inserts()) == before and len(fake.ledger) == 1
+
+
+def test_chunks_of_crashed_predecessor_are_skipped() -> None:
+    fake = FakeClient("18.16.1")
+    fake.chunks = {"w0/5/0": 3, "w0/5/1": 3}  # two full chunks landed, then the job died
+    res = make_sink(fake).write_batch(5, batch(7), "o5")
+    assert (res.rows_written, res.chunks_skipped) == (1, 2)
+    assert [c.params[-1][0] for c in fake.inserts()] == ["w0/5/2"]
+
+
+def test_partial_chunk_is_deleted_then_rewritten() -> None:
+    fake = FakeClient("18.16.1")
+    fake.chunks = {"w0/5/0": 2, "w0/5/9": 3}  # a partial chunk, and one left from a bigger old maxRows split
+    deleted: list[Any] = []
+    orig = fake.execute
+
+    def execute(query: str, params: Any = None, **kw: Any) -> Any:
+        if query.startswith("ALTER TABLE"):
+            deleted.append(params["m"])
+            for m in params["m"]:
+                fake.chunks.pop(m)
+            fake.calls.append(Call(query, params, None))
+            return []
+        return orig(query, params, **kw)
+
+    fake.execute = execute  # type: ignore[method-assign]
+    res = make_sink(fake).write_batch(5, batch(4), "o5")
+    assert deleted == [("w0/5/0", "w0/5/9")]
+    assert res.rows_written == 4 and res.attempts == 2
+    assert fake.chunks == {"w0/5/0": 3, "w0/5/1": 1}
+
+
+def test_transient_error_rechecks_presence_before_reinserting() -> None:
+    fake = FakeClient("18.16.1")
+    sink = make_sink(fake)
+    sink.write_batch(1, batch(1), "o1")  # sink is no longer fresh
+
+    # chunk 1's INSERT landed but the answer was lost: the sink must not write it again
+    orig = fake.execute
+    state = {"n": 0}
+
+    def execute(query: str, params: Any = None, **kw: Any) -> Any:
+        if query.startswith("INSERT INTO `default`.`t`"):
+            state["n"] += 1
+            if state["n"] == 2:
+                orig(query, params, **kw)
+                raise errors.NetworkError("Connection reset by peer")
+        return orig(query, params, **kw)
+
+    fake.execute = execute  # type: ignore[method-assign]
+    res = sink.write_batch(2, batch(7), "o2")
+    assert res.attempts == 2 and res.rows_written == 7  # chunk 1 landed once, counted once
+    assert fake.chunks == {"w0/1/0": 1, "w0/2/0": 3, "w0/2/1": 3, "w0/2/2": 1}
+    assert res.chunks_skipped == 0
+
+
+def test_retry_deadline_gives_up_with_sink_unavailable() -> None:
+    now = [0.0]
+    fake = FakeClient("18.16.1", fail_inserts=[errors.NetworkError("Connection refused")] * 100)
+    sink = ClickHouseSink(
+        ["h"],
+        "default",
+        "t",
+        COLS,
+        "w0",
+        max_rows=3,
+        client_factory=lambda: fake,
+        retry_deadline=30,
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+        clock=lambda: now[0],
+    )
+    with pytest.raises(SinkUnavailable, match="retry deadline 30 s"):
+        sink.write_batch(1, batch(2), "o")
+    assert 20 < now[0] <= 31
+
+
+def test_backoff_is_exponential_and_capped() -> None:
+    sleeps: list[float] = []
+    fake = FakeClient("18.16.1", fail_inserts=[errors.ServerException("Too many parts", 252)] * 12)
+    sink = ClickHouseSink(
+        ["h"], "default", "t", COLS, "w0", max_rows=3, client_factory=lambda: fake, sleep=sleeps.append
+    )
+    res = sink.write_batch(1, batch(2), "o")
+    assert res.attempts == 13 and res.rows_written == 2
+    assert sleeps[0] < 0.3 and sleeps[1] > sleeps[0] and max(sleeps) <= 12.0 and sleeps[-1] > 8
+
+
+def test_permanent_error_raises_sink_error_immediately() -> None:
+    fake = FakeClient("18.16.1", fail_inserts=[errors.ServerException("No such column foo in table t", 16)])
+    with pytest.raises(SinkError, match=r"`default`\.`t`.*ADD COLUMN"):
+        make_sink(fake).write_batch(1, batch(2), "o")
+
+
+def test_token_mechanism_sends_dedup_tokens_and_creates_window() -> None:
+    fake = FakeClient(
+        "24.8.4.13",
+        engine_full="MergeTree ORDER BY id SETTINGS non_replicated_deduplication_window = 10000",
+        marker=False,
+    )
+    sink = make_sink(fake, create_table=True, order_by=["id"])
+    res = sink.write_batch(9, batch(5), "o9")
+    assert sink.mechanism is Mechanism.TOKEN and res.rows_written == 5
+    creates = [c.query for c in fake.calls if c.query.startswith("CREATE")]
+    assert creates[0] == (
+        "CREATE TABLE IF NOT EXISTS `default`.`t` (`id` Int64, `name` Nullable(String), "
+        "`_glasspipe_batch` String DEFAULT '') ENGINE = MergeTree ORDER BY (`id`) "
+        "SETTINGS non_replicated_deduplication_window = 10000"
+    )
+    assert creates[1].endswith(
+        "ORDER BY (writer, batch_id) SETTINGS non_replicated_deduplication_window = 10000"
+    )
+    inserts = fake.inserts()
+    assert inserts[0].query == "INSERT INTO `default`.`t` (`id`, `name`) VALUES"
+    assert [c.settings for c in inserts] == [
+        {"insert_block_size": 3, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/0"},
+        {"insert_block_size": 2, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/1"},
+    ]
+    ledger_insert = next(
+        c for c in fake.calls if c.query.startswith(f"INSERT INTO `default`.`{LEDGER_TABLE}`")
+    )
+    assert ledger_insert.settings == {"insert_deduplicate": 1, "insert_deduplication_token": "w0/9/ledger"}
+    assert not any(c.query.startswith(f"SELECT `{MARKER_COLUMN}`") for c in fake.calls)
+
+
+def test_token_mechanism_resends_same_token_after_lost_answer() -> None:
+    fake = FakeClient(
+        "23.3",
+        engine="ReplicatedMergeTree",
+        engine_full="ReplicatedMergeTree('/t', 'r1') ORDER BY id",
+        marker=False,
+        fail_inserts=[errors.SocketTimeoutError("timed out")],
+    )
+    res = make_sink(fake).write_batch(3, batch(2), "o3")
+    tokens = [c.settings["insert_deduplication_token"] for c in fake.inserts() if c.settings]
+    assert tokens == ["w0/3/0", "w0/3/0"] and res.attempts == 2
+
+
+def test_create_table_on_18_16_needs_low_cardinality_flag_and_skips_nullable_keys() -> None:
+    fake = FakeClient("18.16.1")
+    cols = [
+        OutputColumn("maybe", "`maybe`", "Nullable(String)", None),
+        OutputColumn("k", "`k`", "LowCardinality(String)", None),
+    ]
+    sink = ClickHouseSink(["h"], "default", "t", cols, "w0", create_table=True, client_factory=lambda: fake)
+    sink.version = (18, 16, 1)
+    assert sink.create_table_sql() == (
+        "CREATE TABLE IF NOT EXISTS `default`.`t` (`maybe` Nullable(String), `k` LowCardinality(String), "
+        "`_glasspipe_batch` String DEFAULT '') ENGINE = MergeTree ORDER BY (`k`)"
+    )
+    assert sink._ddl_settings() == {"allow_experimental_low_cardinality_type": 1}
+
+
+def test_batch_shape_is_checked() -> None:
+    sink = make_sink(FakeClient("18.16.1"))
+    with pytest.raises(SinkError, match="missing"):
+        sink.write_batch(1, {"id": [1]}, "o")
+    with pytest.raises(SinkError, match="different lengths"):
+        sink.write_batch(1, {"id": [1], "name": []}, "o")
+
+
+def test_same_sink_retrying_a_failed_batch_checks_presence_again() -> None:
+    """Spark retries a batch whose write_batch raised with the same sink object: no chunk twice."""
+    now = [0.0]
+    fake = FakeClient("18.16.1")
+    sink = ClickHouseSink(
+        ["h"],
+        "default",
+        "t",
+        COLS,
+        "w0",
+        max_rows=3,
+        client_factory=lambda: fake,
+        retry_deadline=5,
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+        clock=lambda: now[0],
+    )
+    sink.write_batch(1, batch(2), "o1")
+    orig = fake.execute
+    state = {"inserts": 0, "down": True}
+
+    def execute(query: str, params: Any = None, **kw: Any) -> Any:
+        if query.startswith("INSERT INTO `default`.`t`") and state["down"]:
+            state["inserts"] += 1
+            if state["inserts"] > 1:  # chunk 0 lands, then ClickHouse goes away
+                raise errors.NetworkError("Connection refused")
+        return orig(query, params, **kw)
+
+    fake.execute = execute  # type: ignore[method-assign]
+    with pytest.raises(SinkUnavailable):
+        sink.write_batch(2, batch(7), "o2")
+    assert fake.chunks.get("w0/2/0") == 3
+    state["down"] = False
+    res = sink.write_batch(2, batch(7), "o2")
+    assert (res.rows_written, res.chunks_skipped) == (4, 1)
+    assert fake.chunks == {"w0/1/0": 2, "w0/2/0": 3, "w0/2/1": 3, "w0/2/2": 1}
