@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from glasspipe.api.crd import render_crd_yaml
+from glasspipe.api.crd import render_crd_reference, render_crd_yaml
 from glasspipe.api.validation import SpecInvalid, validate_resource
 from glasspipe.render import render_spark_applications
 
@@ -82,7 +82,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_crd(args: argparse.Namespace) -> int:
-    sys.stdout.write(render_crd_yaml())
+    sys.stdout.write(render_crd_reference() if args.reference else render_crd_yaml())
     return 0
 
 
@@ -106,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", help="namespace to render into (default: metadata.namespace or 'default')")
     p.set_defaults(func=cmd_render)
     p = sub.add_parser("crd", help="print the GlassPipeline CustomResourceDefinition")
+    p.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")
     p.set_defaults(func=cmd_crd)
     p = sub.add_parser("run", help="run a pipeline in local Spark (development)")
     p.add_argument("file")

@@ -47,3 +47,12 @@ def test_every_object_declares_its_type() -> None:
             walk(node["additionalProperties"], f"{path}{{}}")
 
     walk(render_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"], "")
+
+
+def test_crd_reference_doc_is_current() -> None:
+    from glasspipe.api.crd import render_crd_reference
+
+    doc = (ROOT / "docs" / "crd-reference.md").read_text()
+    assert doc == render_crd_reference(), "docs/crd-reference.md is stale: run `glasspipe crd --reference`"
+    for field in ("spec.sources[].deduplication.window", "spec.sink.clickhouse.batching.maxRows", "spec.replicas"):
+        assert f"| `{field}` |" in doc

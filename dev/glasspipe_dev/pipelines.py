@@ -1,0 +1,121 @@
+"""Run glasspipe pipelines as separate local Spark processes against the local servers.
+
+A separate process per run is what production looks like (one driver per SparkApplication) and
+lets tests SIGKILL a job at any moment and start it again from its checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from glasspipe_dev.paths import REPO_ROOT
+from glasspipe_dev.process import ServerProcess
+
+
+def load_example(name: str) -> dict[str, Any]:
+    return yaml.safe_load((REPO_ROOT / "examples" / name).read_text())
+
+
+def write_pipeline(doc: dict[str, Any], directory: Path, name: str = "pipeline.yaml") -> Path:
+    path = directory / name
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
+def run_argv(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "glasspipe.cli", "run", str(pipeline), "--bootstrap-servers", bootstrap,
+            "--clickhouse", clickhouse, "--checkpoint", str(checkpoint), *extra]
+
+
+def run_to_end(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, *extra: str,
+               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    """Process what is in the topics now (availableNow) and stop; raise with the logs on failure."""
+    argv = run_argv(pipeline, bootstrap, clickhouse, checkpoint, "--available-now", *extra)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"glasspipe run failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}")
+    return done
+
+
+def start_continuous(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, log: Path,
+                     *extra: str) -> ServerProcess:
+    """A long-running job (processing-time trigger) in its own process group, killable at any time."""
+    return ServerProcess("glasspipe-run", run_argv(pipeline, bootstrap, clickhouse, checkpoint, *extra), log).start()
+
+
+def totals(stdout: str) -> str:
+    lines = [line for line in stdout.splitlines() if line.startswith("glasspipe run:")]
+    return lines[-1] if lines else ""
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
+            partition_of: Any = None) -> int:
+    """Produce (key, value) records; keys go to partitions by Kafka's default hashing unless told."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    n = 0
+    for key, value in records:
+        kwargs: dict[str, Any] = {"key": key, "value": value}
+        if partition_of is not None:
+            kwargs["partition"] = partition_of(key)
+        while True:
+            try:
+                producer.produce(topic, **kwargs)
+                break
+            except BufferError:
+                producer.poll(0.1)
+        n += 1
+    if producer.flush(60) != 0:
+        raise RuntimeError("records were not delivered")
+    return n
+
+
+def consume_all(bootstrap: str, topic: str, expected: int, timeout: float = 60) -> list[Any]:
+    """Every message of a topic from the beginning (stops at ``expected`` or after the timeout)."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{time.monotonic_ns()}",
+                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    out: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < expected and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+        # a short grace period shows records beyond the expected count
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                out.append(msg)
+    finally:
+        consumer.close()
+    return out
+
+
+def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int, int]]:
+    """partition -> (committed offset, end offset) for a consumer group."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        meta = consumer.list_topics(topic, timeout=10).topics[topic]
+        parts = sorted(meta.partitions)
+        committed = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        out = {}
+        for tp in committed:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
+            out[tp.partition] = (tp.offset, high)
+        return out
+    finally:
+        consumer.close()
+
+
+def dumps(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs everything glasspipe's demo and tests need, from the package registries, into
+# $GLASSPIPE_CACHE (default ~/.cache/glasspipe). Idempotent: a second run takes seconds.
+source "$(dirname "$0")/lib.sh"
+start=$(date +%s)
+cd "$GP_ROOT"
+gp_timed bash dev/install/python.sh
+gp_timed bash dev/install/clickhouse.sh
+gp_timed bash dev/install/kafka.sh
+gp_timed bash dev/install/spark-jars.sh
+gp_timed bash dev/install/jvm-ops.sh
+if [ "${GLASSPIPE_SKIP_KUBE:-0}" != "1" ]; then
+  gp_timed bash dev/install/kube.sh
+fi
+gp_log "set-up done in $(( $(date +%s) - start )) s"

@@ -1,0 +1,1 @@
+"""The PySpark Structured Streaming job that a GlassPipeline SparkApplication runs."""

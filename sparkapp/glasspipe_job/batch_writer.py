@@ -1,0 +1,152 @@
+"""What happens to each micro-batch (``foreachBatch``), in this order:
+
+1. dead rows are produced to the dead-letter topic (flushed; at least once, with their original bytes);
+2. kept rows are written to ClickHouse, idempotently for this batch id (see clickhouse_sink);
+3. the batch's end offsets (from Spark's offset log) are committed to the pipeline's consumer group.
+
+A crash anywhere replays the batch with the same id and rows: step 2 then writes nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import Producer
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from glasspipe_job.clickhouse_sink import ClickHouseSink
+from glasspipe_job.config import JobConfig
+from glasspipe_job.kafka_offsets import ConsumerGroup
+from glasspipe_job.metrics import JobMetrics
+from glasspipe_job.transform import DUPLICATE, META_COLUMNS, REASON, STATUS
+
+log = logging.getLogger("glasspipe.job")
+
+
+def read_offset_log(df: DataFrame, checkpoint: str, batch_id: int) -> list[dict[str, dict[str, int]]]:
+    """End offsets of a batch, one dict per source, from Spark's write-ahead offset log."""
+    spark = df.sparkSession
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets/{batch_id}")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    stream = fs.open(path)
+    try:
+        text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
+    finally:
+        stream.close()
+    lines = text.splitlines()[2:]  # "v1", then batch metadata, then one line per source
+    return [json.loads(line) if line and line != "-" else {} for line in lines]
+
+
+class DeadLetters:
+    """Produces unprocessable records to the dead-letter topic: original bytes, reason in headers."""
+
+    def __init__(self, client_conf: dict[str, str], topic: str, pipeline: str) -> None:
+        self.topic = topic
+        self.pipeline = pipeline
+        self.producer = Producer({**client_conf, "enable.idempotence": "true", "linger.ms": "20"})
+
+    def send(self, rows: pa.Table) -> int:
+        errors: list[str] = []
+
+        def on_delivery(err: Any, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        cols = {name: rows.column(name).to_pylist() for name in [*META_COLUMNS, REASON]}
+        for i in range(rows.num_rows):
+            headers = [
+                ("glasspipe.reason", str(cols[REASON][i]).encode()),
+                ("glasspipe.pipeline", self.pipeline.encode()),
+                ("glasspipe.source.topic", str(cols["_gp_topic"][i]).encode()),
+                ("glasspipe.source.partition", str(cols["_gp_partition"][i]).encode()),
+                ("glasspipe.source.offset", str(cols["_gp_offset"][i]).encode()),
+            ]
+            while True:
+                try:
+                    self.producer.produce(self.topic, value=cols["_gp_value"][i], headers=headers,
+                                          on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    self.producer.poll(0.1)
+        remaining = self.producer.flush(60)
+        if remaining or errors:
+            raise RuntimeError(f"dead-letter topic {self.topic}: {remaining} records undelivered, errors: "
+                               f"{errors[:3]}; the batch will be retried")
+        return rows.num_rows
+
+
+class BatchWriter:
+    """The ``foreachBatch`` function of one pipeline replica."""
+
+    def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
+                 groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str) -> None:
+        self.config = config
+        self.sink = sink
+        self.dead_letters = dead_letters
+        self.groups = groups
+        self.metrics = metrics
+        self.checkpoint = checkpoint
+        self.output_names = [c.name for c in config.columns]
+        self.required = [c.name for c in config.columns if "Nullable(" not in c.clickhouse_type]
+
+    def __call__(self, df: DataFrame, batch_id: int) -> None:
+        started = time.monotonic()
+        offsets = read_offset_log(df, self.checkpoint, batch_id)
+        table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE).toArrow()
+        status = table.column(STATUS)
+        dup = pc.fill_null(table.column(DUPLICATE), False)
+        dead = table.filter(pc.equal(status, "dead"))
+        kept = table.filter(pc.and_(pc.equal(status, "ok"), pc.invert(dup)))
+        duplicates = int(pc.sum(pc.and_(pc.equal(status, "ok"), dup)).as_py() or 0)
+        # A value that could not be cast to its column's type and may not be NULL: dead-letter the row.
+        for name in self.required:
+            bad = pc.is_null(kept.column(name))
+            if pc.any(bad).as_py():
+                rejected = kept.filter(bad)
+                reason = pa.array([f"cast_failed: column {name} got no value"] * rejected.num_rows)
+                rejected = rejected.set_column(rejected.schema.get_field_index(REASON), REASON, reason)
+                dead = pa.concat_tables([dead, rejected])
+                kept = kept.filter(pc.invert(bad))
+        if dead.num_rows:
+            self.dead_letters.send(dead)
+            for r in dead.column(REASON).to_pylist():
+                kind = str(r).split(":")[0]
+                self.metrics.totals.per_reason[kind] = self.metrics.totals.per_reason.get(kind, 0) + 1
+        data = {name: kept.column(name).to_pylist() for name in self.output_names}
+        result = self.sink.write_batch(batch_id, data, json.dumps(offsets, sort_keys=True))
+        for group, source_offsets in zip(self.groups, offsets, strict=False):
+            try:
+                group.commit({t: {int(p): o for p, o in parts.items()} for t, parts in source_offsets.items()})
+            except RuntimeError as e:  # offsets are also in the checkpoint: the next batch commits again
+                log.warning("%s", e)
+        m = self.metrics
+        m.dead_lettered.inc(dead.num_rows)
+        m.duplicates.inc(duplicates)
+        m.rows_written.inc(result.rows_written)
+        m.batch_seconds.observe(time.monotonic() - started)
+        t = m.totals
+        t.dead_lettered += dead.num_rows
+        t.duplicates += duplicates
+        t.rows_written += result.rows_written
+        t.batches += 1
+        t.replayed_batches += int(result.skipped_replay)
+        log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %.2f s", batch_id,
+                 result.rows_written, duplicates, dead.num_rows, " (replay: already committed)"
+                 if result.skipped_replay else "", time.monotonic() - started)
+
+
+def select_output(df: DataFrame, config: JobConfig) -> DataFrame:
+    """Output columns cast to the Spark type of their ClickHouse column, plus what the writer needs."""
+    from glasspipe_job.types import spark_type_for_clickhouse
+
+    # try_cast: with ANSI SQL (Spark 4 default) a bad cast would fail the query; NULL goes to the DLQ instead.
+    cols = [F.expr(c.sql).try_cast(spark_type_for_clickhouse(c.clickhouse_type)).alias(c.name) for c in config.columns]
+    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE)

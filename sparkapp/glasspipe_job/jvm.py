@@ -1,0 +1,101 @@
+"""Glasspipe's JVM-side Spark operators (sparkapp/jvm), called from PySpark through py4j.
+
+Why JVM-side: event-time dedup needs per-key state. Python ``transformWithState`` runs a state
+call per key through the Python worker (~1-3k rows/s here) and ``dropDuplicatesWithinWatermark``
+scans the whole state store every micro-batch to evict. The Java ``StatefulProcessor`` in
+``io.glasspipe.spark.DedupProcessor`` keeps one RocksDB value per key and evicts with event-time
+timers (an expiry-ordered index), so a micro-batch costs its own rows plus the expired keys.
+
+The jar is built by ``dev/install/jvm-ops.sh`` into
+``$GLASSPIPE_CACHE/jvm-ops/<hash>/glasspipe-spark-ops.jar`` and must be on ``spark.jars`` before
+the SparkSession starts. In the Spark container image the jar is copied into the image (or passed
+with ``spark.jars``); set ``GLASSPIPE_JVM_OPS_JAR`` to its path there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from pyspark.sql import DataFrame
+
+JAR_NAME = "glasspipe-spark-ops.jar"
+JVM_ENTRY = "io.glasspipe.spark.WindowDedup"
+INSTALL_SCRIPT = "dev/install/jvm-ops.sh"
+_SRC_DIR = Path(__file__).resolve().parents[1] / "jvm" / "src" / "main" / "java"
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("GLASSPIPE_CACHE", Path.home() / ".cache" / "glasspipe"))
+
+
+def _sources_hash() -> str:
+    """The same hash as dev/install/jvm-ops.sh, so a stale jar is never picked up after an edit."""
+    import pyspark
+
+    lines = [f"pyspark={pyspark.__version__}\n"]
+    for path in sorted("./" + p.relative_to(_SRC_DIR).as_posix() for p in _SRC_DIR.rglob("*.java")):
+        digest = hashlib.sha256((_SRC_DIR / path).read_bytes()).hexdigest()
+        lines.append(f"{digest}  {path}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()[:16]
+
+
+def jvm_ops_jar() -> str:
+    """Absolute path of the operators jar, to put on ``spark.jars``.
+
+    ``GLASSPIPE_JVM_OPS_JAR`` wins (the Spark image sets it); otherwise the jar built from the
+    current sources in the cache. Raises FileNotFoundError naming the install script if missing.
+    """
+    override = os.environ.get("GLASSPIPE_JVM_OPS_JAR")
+    if override:
+        if not Path(override).is_file():
+            raise FileNotFoundError(f"GLASSPIPE_JVM_OPS_JAR={override} does not exist")
+        return override
+    if not _SRC_DIR.is_dir():
+        raise FileNotFoundError(
+            f"no Java sources at {_SRC_DIR} and GLASSPIPE_JVM_OPS_JAR is unset: "
+            f"point GLASSPIPE_JVM_OPS_JAR at {JAR_NAME} (built by {INSTALL_SCRIPT})"
+        )
+    jar = _cache_dir() / "jvm-ops" / _sources_hash() / JAR_NAME
+    if not jar.is_file():
+        raise FileNotFoundError(f"{jar} is missing or stale: run `bash {INSTALL_SCRIPT}`")
+    return str(jar)
+
+
+def deduplicate_within_window(
+    df: DataFrame,
+    keys: list[str],
+    event_time_col: str,
+    window_seconds: float,
+    flag_col: str | None = None,
+    passthrough_col: str | None = None,
+) -> DataFrame:
+    """Event-time dedup: the first row of a key wins; later rows of that key whose event time is
+    before first + window are dropped; after the window the key is accepted again (new window).
+
+    ``df`` must be streaming with a watermark on ``event_time_col`` (a TIMESTAMP column); the
+    watermark delay is the allowed lateness and drives eviction. The session must use the RocksDB
+    state store provider (``transformWithState`` requires it). The result keeps all input columns
+    and carries the watermark on ``event_time_col``. With ``flag_col`` set, dropped rows are
+    emitted too, with ``flag_col`` = true, so the caller can count duplicates per micro-batch and
+    filter them out; without it only kept rows are returned. Rows where the boolean
+    ``passthrough_col`` is true bypass the state and come out as kept (dead letters).
+    """
+    if not keys:
+        raise ValueError("deduplicate_within_window needs at least one key column")
+    window_ms = round(window_seconds * 1000)
+    if window_ms <= 0:
+        raise ValueError(f"window_seconds must be positive, got {window_seconds}")
+    spark = df.sparkSession
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        entry = jvm.io.glasspipe.spark.WindowDedup
+        jdf = entry.deduplicate(df._jdf, list(keys), event_time_col, window_ms, flag_col, passthrough_col)
+    except TypeError as exc:  # py4j: the class is not on the JVM classpath (JavaPackage not callable)
+        raise RuntimeError(
+            f"{JVM_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
+            f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
+        ) from exc
+    return DataFrame(jdf, spark)

@@ -1,0 +1,90 @@
+"""``glasspipe run FILE``: the same job in local Spark, for development and the README demo."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from glasspipe.api.validation import SpecInvalid
+
+
+def connector_jars() -> list[str]:
+    """The Kafka connector jars (GLASSPIPE_SPARK_JARS, else those dev/install/spark-jars.sh cached)."""
+    import pyspark
+
+    if os.environ.get("GLASSPIPE_SPARK_JARS"):
+        return [j for j in os.environ["GLASSPIPE_SPARK_JARS"].split(",") if j]
+    cache = Path(os.environ.get("GLASSPIPE_CACHE", Path.home() / ".cache" / "glasspipe"))
+    jars = sorted(glob.glob(str(cache / "spark-jars" / pyspark.__version__ / "*.jar")))
+    if not jars:
+        raise FileNotFoundError(f"no Kafka connector jars for pyspark {pyspark.__version__} in {cache}/spark-jars: "
+                                "run `bash dev/install/spark-jars.sh` or set GLASSPIPE_SPARK_JARS")
+    return jars
+
+
+def apply_overrides(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    spec = doc["spec"]
+    if args.bootstrap_servers:
+        for s in spec["sources"]:
+            s["kafka"]["bootstrapServers"] = args.bootstrap_servers
+        if spec.get("deadLetter", {}).get("bootstrapServers"):
+            spec["deadLetter"]["bootstrapServers"] = args.bootstrap_servers
+    if args.clickhouse:
+        spec["sink"]["clickhouse"]["hosts"] = [args.clickhouse]
+    if args.checkpoint:
+        spec["checkpoint"]["location"] = Path(args.checkpoint).resolve().as_uri()
+    return doc
+
+
+def local_session(app_name: str, conf: dict[str, str]) -> Any:
+    from pyspark.sql import SparkSession
+
+    from glasspipe_job.jvm import jvm_ops_jar
+
+    builder = (SparkSession.builder.master(os.environ.get("GLASSPIPE_SPARK_MASTER", "local[2]")).appName(app_name)
+               .config("spark.jars", ",".join([*connector_jars(), jvm_ops_jar()]))
+               .config("spark.ui.enabled", "false")
+               .config("spark.driver.memory", os.environ.get("GLASSPIPE_DRIVER_MEMORY", "2g"))
+               .config("spark.sql.session.timeZone", "UTC"))
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def run_local(args: argparse.Namespace) -> int:
+    from glasspipe_job.config import config_from_resource, load_job_config
+    from glasspipe_job.runner import UnsupportedPipeline, session_conf, start_pipeline
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        doc = apply_overrides(yaml.safe_load(Path(args.file).read_text()), args)
+        config = load_job_config(config_from_resource(doc, args.replica, args.replicas))
+    except SpecInvalid as e:
+        print(f"{args.file}: invalid: {e}", file=sys.stderr)
+        return 2
+    spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", session_conf(config))
+    try:
+        running = start_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port)
+    except UnsupportedPipeline as e:
+        print(f"glasspipe: {e}", file=sys.stderr)
+        return 2
+    try:
+        running.query.awaitTermination()
+    except KeyboardInterrupt:
+        running.query.stop()
+    finally:
+        running.close()
+    t = running.metrics.totals
+    print(f"glasspipe run: {t.batches} batches; records in {t.records_in}, filtered {t.filtered}, "
+          f"duplicates dropped {t.duplicates}, late dropped {t.late}, dead-lettered {t.dead_lettered} "
+          f"{dict(sorted(t.per_reason.items()))}, rows written {t.rows_written}")
+    return 0

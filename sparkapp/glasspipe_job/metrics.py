@@ -1,0 +1,122 @@
+"""Prometheus metrics of the job, served by the driver, fed by the batch writer and a query listener."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from pyspark.sql.streaming import StreamingQueryListener
+
+log = logging.getLogger("glasspipe.job")
+
+
+@dataclass
+class Totals:
+    """Running totals, printed by ``glasspipe run`` and used by tests."""
+
+    records_in: int = 0
+    filtered: int = 0
+    dead_lettered: int = 0
+    duplicates: int = 0
+    late: int = 0
+    rows_written: int = 0
+    batches: int = 0
+    replayed_batches: int = 0
+    per_reason: dict[str, int] = field(default_factory=dict)
+
+
+class JobMetrics:
+    def __init__(self, pipeline: str, replica: int, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        labels = {"pipeline": pipeline, "replica": str(replica)}
+        names = list(labels)
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, names, registry=self.registry).labels(**labels)
+
+        def gauge(name: str, doc: str) -> Any:
+            return Gauge(name, doc, names, registry=self.registry).labels(**labels)
+
+        self.records_in = counter("glasspipe_records_in", "Kafka records read")
+        self.filtered = counter("glasspipe_records_filtered", "Records the filter did not keep")
+        self.dead_lettered = counter("glasspipe_records_dead_lettered", "Records sent to the dead-letter topic")
+        self.duplicates = counter("glasspipe_duplicates_dropped", "Records dropped as duplicates within the window")
+        self.late = counter("glasspipe_late_records_dropped", "Records older than the watermark, dropped")
+        self.rows_written = counter("glasspipe_rows_written", "Rows inserted into ClickHouse")
+        self.batch_seconds = Histogram("glasspipe_batch_duration_seconds", "Micro-batch write duration", names,
+                                       registry=self.registry).labels(**labels)
+        self.state_rows = gauge("glasspipe_state_rows", "Rows in the streaming state store")
+        self.lag = gauge("glasspipe_consumer_lag", "Records behind the newest offsets, summed over partitions")
+        self.totals = Totals()
+
+    def serve(self, port: int) -> None:
+        if port:
+            start_http_server(port, registry=self.registry)
+
+    def on_progress(self, progress: dict[str, Any]) -> None:
+        """Counts Spark reports per micro-batch: observed input counts, state size, late rows, lag."""
+        observed = progress.get("observedMetrics") or {}
+        for name, row in observed.items():
+            if name.startswith("input"):
+                n_in, n_filtered = int(row.get("records_in") or 0), int(row.get("filtered") or 0)
+                self.records_in.inc(n_in)
+                self.filtered.inc(n_filtered)
+                self.totals.records_in += n_in
+                self.totals.filtered += n_filtered
+        state_rows = 0
+        for op in progress.get("stateOperators") or []:
+            state_rows += int(op.get("numRowsTotal") or 0)
+            late = int(op.get("numRowsDroppedByWatermark") or 0)
+            self.late.inc(late)
+            self.totals.late += late
+        self.state_rows.set(state_rows)
+        lag = 0
+        for src in progress.get("sources") or []:
+            lag += offsets_behind(src.get("endOffset"), src.get("latestOffset"))
+        self.lag.set(lag)
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    if isinstance(value, str):
+        try:
+            loaded = json.loads(value)
+        except ValueError:
+            return {}
+        return loaded if isinstance(loaded, dict) else {}
+    return value if isinstance(value, dict) else {}
+
+
+def offsets_behind(end: Any, latest: Any) -> int:
+    """Sum over partitions of latest - end offsets (Kafka source progress JSON)."""
+    end_d, latest_d = _as_dict(end), _as_dict(latest)
+    total = 0
+    for topic, parts in latest_d.items():
+        for p, off in parts.items():
+            total += max(0, int(off) - int(end_d.get(topic, {}).get(p, off)))
+    return total
+
+
+class ProgressListener(StreamingQueryListener):
+    """Feeds JobMetrics from Spark's query progress events (runs on the driver)."""
+
+    def __init__(self, metrics: JobMetrics) -> None:
+        self.metrics = metrics
+
+    def onQueryStarted(self, event: Any) -> None:
+        log.info("query started: id=%s run=%s", event.id, event.runId)
+
+    def onQueryProgress(self, event: Any) -> None:
+        try:
+            self.metrics.on_progress(json.loads(event.progress.json))
+        except Exception:  # a metrics problem must never stop the stream
+            log.exception("could not read query progress")
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        if event.exception:
+            log.error("query terminated with %s", event.exception)

@@ -1,0 +1,175 @@
+"""The streaming plan of one source: Kafka record -> parsed, checked, filtered, deduplicated row.
+
+Every record read ends in exactly one of these, counted per micro-batch:
+- ``dead``: cannot be processed (malformed JSON, wrong types, a required field, key or event time
+  missing): emitted with its reason so the batch writer sends it to the dead-letter topic;
+- ``filtered``: the filter was not true: counted (``observe``), not emitted;
+- ``duplicate``: a repeat of a key within the window: emitted with a flag, counted, not written;
+- ``ok``: written to ClickHouse.
+Late records (older than the watermark) are dropped by Spark's stateful operator and counted from
+the query progress (``numRowsDroppedByWatermark``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from glasspipe.api import models
+from glasspipe.api.durations import parse_duration_ms
+from glasspipe_job.config import JobConfig
+
+STATUS = "_gp_status"
+REASON = "_gp_reason"
+EVENT_TIME = "_gp_event_time"
+DUPLICATE = "_gp_duplicate"
+CORRUPT = "_gp_corrupt"
+META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
+
+_SPARK_TYPES: dict[str, T.DataType] = {
+    "string": T.StringType(), "int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(),
+    "double": T.DoubleType(), "boolean": T.BooleanType(), "timestamp": T.TimestampType(), "date": T.DateType(),
+}
+
+
+def spark_type(field_type: str) -> T.DataType:
+    if field_type.startswith("decimal("):
+        precision, scale = field_type[len("decimal("):-1].split(",")
+        return T.DecimalType(int(precision), int(scale))
+    return _SPARK_TYPES[field_type]
+
+
+def payload_schema(source: models.Source) -> T.StructType:
+    """The JSON schema of a source's values, with nested structs for dotted paths."""
+    tree: dict[str, Any] = {}
+    for f in source.schema_.fields:
+        parts = (f.path or f.name).split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"field {f.name}: path {f.path} goes through a value declared as a leaf")
+        node[parts[-1]] = spark_type(f.type)
+
+    def build(node: dict[str, Any]) -> T.StructType:
+        return T.StructType([
+            T.StructField(k, build(v) if isinstance(v, dict) else v, True) for k, v in node.items()
+        ])
+
+    schema = build(tree)
+    return schema.add(T.StructField(CORRUPT, T.StringType(), True))
+
+
+def _field_column(f: models.SchemaField) -> Column:
+    return F.col("_gp_json." + ".".join(f"`{p}`" for p in (f.path or f.name).split(".")))
+
+
+def _event_time(source: models.Source) -> Column:
+    et = source.event_time
+    if et.source == "kafkaTimestamp":
+        return F.col("_gp_kafka_timestamp")
+    field = source.field(et.field or "")
+    assert field is not None
+    col = F.col(field.name)
+    if field.type in ("timestamp",):
+        return col
+    if field.type == "date":
+        return col.cast("timestamp")
+    if et.format == "epochMillis":
+        return F.timestamp_millis(col.cast("long"))
+    if et.format == "epochSeconds":
+        return F.timestamp_seconds(col.cast("long"))
+    return F.to_timestamp(col)
+
+
+def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
+               assign: dict[str, list[int]] | None, starting_offsets: str | None) -> DataFrame:
+    """The Kafka source of one GlassPipeline source (its partitions for this replica)."""
+    reader = spark.readStream.format("kafka").options(**config.kafka_options(source))
+    if assign is not None:
+        reader = reader.option("assign", _json(assign))
+    else:
+        reader = reader.option("subscribe", source.kafka.topic)
+    reader = reader.option("startingOffsets", starting_offsets or source.kafka.starting_offsets)
+    reader = reader.option("failOnDataLoss", "true").option("includeHeaders", "false")
+    if source.kafka.max_offsets_per_trigger:
+        reader = reader.option("maxOffsetsPerTrigger", str(source.kafka.max_offsets_per_trigger))
+    return reader.load()
+
+
+def _json(obj: Any) -> str:
+    import json
+
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
+    """Parse JSON on the JVM and classify each record as ok / dead (with reason) / filtered."""
+    schema = payload_schema(source)
+    df = raw.select(
+        F.col("topic").alias("_gp_topic"),
+        F.col("partition").alias("_gp_partition"),
+        F.col("offset").alias("_gp_offset"),
+        F.col("value").alias("_gp_value"),
+        F.col("timestamp").alias("_gp_kafka_timestamp"),
+        F.from_json(F.col("value").cast("string"), schema,
+                    {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("_gp_json"),
+    )
+    fields = source.schema_.fields
+    df = df.select(*META_COLUMNS, "_gp_kafka_timestamp", "_gp_json",
+                   *[_field_column(f).alias(f.name) for f in fields])
+    not_an_object = F.from_json(F.col("_gp_value").cast("string"), "map<string,string>").isNull()
+    reasons: list[tuple[Column, Column]] = [
+        (F.col("_gp_value").isNull() | F.col("_gp_json").isNull(), F.lit("malformed_json: empty value")),
+        (F.col(f"_gp_json.{CORRUPT}").isNotNull() & not_an_object,
+         F.lit("malformed_json: not a JSON object")),
+        (F.col(f"_gp_json.{CORRUPT}").isNotNull(),
+         F.lit("schema_mismatch: a value does not fit its declared type")),
+    ]
+    keys = set(source.deduplication.keys) if source.deduplication else set()
+    for f in fields:
+        if f.name in keys:
+            reasons.append((F.col(f.name).isNull(), F.lit(f"missing_key: {f.name}")))
+        elif not f.nullable:
+            reasons.append((F.col(f.name).isNull(), F.lit(f"missing_required_field: {f.name}")))
+    df = df.withColumn(EVENT_TIME, _event_time(source))
+    reasons.append((F.col(EVENT_TIME).isNull(), F.lit("missing_event_time: " + (source.event_time.field or ""))))
+    reason: Column = F.lit(None).cast("string")
+    for cond, text in reversed(reasons):
+        reason = F.when(cond, text).otherwise(reason)
+    df = df.withColumn(REASON, reason)
+    keep = F.expr(source.filter) if source.filter else F.lit(True)
+    status = (F.when(F.col(REASON).isNotNull(), F.lit("dead"))
+              .when(F.coalesce(keep, F.lit(False)), F.lit("ok"))
+              .otherwise(F.lit("filtered")))
+    return df.withColumn(STATUS, status).drop("_gp_json", "_gp_kafka_timestamp")
+
+
+def observe_counts(df: DataFrame, name: str) -> DataFrame:
+    """Per-micro-batch counts of what was read, reported in the query progress (``observedMetrics``)."""
+    return df.observe(
+        name,
+        F.count(F.lit(1)).alias("records_in"),
+        F.sum(F.when(F.col(STATUS) == "dead", 1).otherwise(0)).alias("dead"),
+        F.sum(F.when(F.col(STATUS) == "filtered", 1).otherwise(0)).alias("filtered"),
+    )
+
+
+def deduplicate(df: DataFrame, source: models.Source) -> DataFrame:
+    """Watermark on event time, then first-occurrence-wins dedup (dead rows pass through untouched)."""
+    lateness = f"{parse_duration_ms(source.event_time.allowed_lateness)} milliseconds"
+    df = df.where(F.col(STATUS) != "filtered").withWatermark(EVENT_TIME, lateness)
+    if source.deduplication is None:
+        return df.withColumn(DUPLICATE, F.lit(False))
+    from glasspipe_job.jvm import deduplicate_within_window
+
+    window_s = parse_duration_ms(source.deduplication.window) / 1000
+    return deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
+                                     flag_col=DUPLICATE, passthrough_col="_gp_dead")
+
+
+def with_dead_flag(df: DataFrame) -> DataFrame:
+    return df.withColumn("_gp_dead", F.col(STATUS) == "dead")

@@ -1,0 +1,83 @@
+package io.glasspipe.spark;
+
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+
+import org.apache.spark.sql.Column;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * Entry point called from PySpark (py4j): event-time deduplication within a window, done by a
+ * JVM-side {@link DedupProcessor} in {@code transformWithState} so that no Python runs per key.
+ *
+ * <p>State: one RocksDB value per live key (first accepted event time) plus one event-time timer
+ * per key; timers live in an index ordered by expiry, so evicting expired keys costs the number of
+ * expired keys, not a scan of all live keys (unlike {@code dropDuplicatesWithinWatermark}).
+ */
+public final class WindowDedup {
+  private WindowDedup() {}
+
+  /**
+   * Deduplicates {@code df} (which must already carry a watermark on {@code eventTimeCol}).
+   *
+   * @param keys key column names (any types Spark can group by)
+   * @param eventTimeCol TimestampType column the window is measured on
+   * @param windowMs window length in milliseconds (a later row with the same key and an event
+   *     time before first + window is a duplicate)
+   * @param flagCol if non-null, dropped rows are emitted too, with this boolean column set to
+   *     true (kept rows have false), so the caller can count duplicates exactly per micro-batch;
+   *     if null only kept rows are emitted, with the input schema unchanged
+   * @param passthroughCol if non-null, a boolean column: rows where it is true bypass the state
+   *     and are emitted as kept (records the caller routes elsewhere, e.g. dead letters)
+   */
+  public static Dataset<Row> deduplicate(
+      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
+      String passthroughCol) {
+    if (keys == null || keys.isEmpty()) {
+      throw new IllegalArgumentException("at least one key column is needed");
+    }
+    if (windowMs <= 0) {
+      throw new IllegalArgumentException("windowMs must be positive, got " + windowMs);
+    }
+    StructType schema = df.schema();
+    int etIndex = schema.fieldIndex(eventTimeCol);
+    if (!schema.fields()[etIndex].dataType().equals(DataTypes.TimestampType)) {
+      throw new IllegalArgumentException(
+          "event time column " + eventTimeCol + " must be TIMESTAMP, got "
+              + schema.fields()[etIndex].dataType().simpleString());
+    }
+    List<StructField> keyFields = new ArrayList<>();
+    Column[] keyCols = new Column[keys.size()];
+    for (int i = 0; i < keys.size(); i++) {
+      keyFields.add(schema.fields()[schema.fieldIndex(keys.get(i))]);
+      keyCols[i] = functions.col(keys.get(i));
+    }
+    StructType keySchema = new StructType(keyFields.toArray(new StructField[0]));
+    StructType outSchema = schema;
+    if (flagCol != null) {
+      if (Arrays.asList(schema.fieldNames()).contains(flagCol)) {
+        throw new IllegalArgumentException("flag column " + flagCol + " already exists");
+      }
+      outSchema = schema.add(flagCol, DataTypes.BooleanType, false);
+    }
+    int passthroughIndex = -1;
+    if (passthroughCol != null) {
+      passthroughIndex = schema.fieldIndex(passthroughCol);
+      if (!schema.fields()[passthroughIndex].dataType().equals(DataTypes.BooleanType)) {
+        throw new IllegalArgumentException("passthrough column " + passthroughCol + " must be BOOLEAN");
+      }
+    }
+    DedupProcessor processor = new DedupProcessor(etIndex, windowMs, flagCol != null, passthroughIndex);
+    return df.groupBy(keyCols)
+        .as(Encoders.row(keySchema), Encoders.row(schema))
+        .transformWithState(processor, eventTimeCol, OutputMode.Append(), Encoders.row(outSchema));
+  }
+}
