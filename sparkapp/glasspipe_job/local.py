@@ -71,6 +71,9 @@ def run_local(args: argparse.Namespace) -> int:
     except SpecInvalid as e:
         print(f"{args.file}: invalid: {e}", file=sys.stderr)
         return 2
+    except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
+        print(f"{args.file}: cannot read a GlassPipeline from it: {e}", file=sys.stderr)
+        return 2
     spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", session_conf(config))
     try:
         running = start_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port)

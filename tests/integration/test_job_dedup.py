@@ -1,0 +1,219 @@
+"""The streaming job end to end on real Kafka, Spark and ClickHouse: dedup, dead letters, offsets,
+exactly-once across SIGKILLs and a ClickHouse outage."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import (
+    consume_all,
+    dumps,
+    group_lag,
+    load_example,
+    produce,
+    run_to_end,
+    start_continuous,
+    totals,
+    write_pipeline,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar", "spark_jars")]
+T0 = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
+
+
+def sms(sms_id: str, status: str, at: datetime, **extra: Any) -> tuple[bytes, bytes]:
+    doc = {"sms_id": sms_id, "status": status, "phone": "+100", "meta": {"provider": "p"}, "sent_at": at.isoformat()}
+    doc.update(extra)
+    return sms_id.encode(), dumps(doc)
+
+
+def pipeline(tmp_path: Path, kafka: KafkaServer, partitions: int = 4, max_per_trigger: int | None = None,
+             **batching: Any) -> tuple[Path, str, str]:
+    """The sms-dedup example on fresh topics and a fresh table; returns (file, topic, table)."""
+    suffix = uuid.uuid4().hex[:8]
+    topic, table = f"sms-{suffix}", f"sms_{suffix}"
+    kafka.create_topic(topic, partitions)
+    kafka.create_topic(f"{topic}-dlq", 1)
+    doc = load_example("sms-dedup.yaml")
+    doc["metadata"]["name"] = f"sms-{suffix}"
+    spec = doc["spec"]
+    spec["sources"][0]["kafka"]["topic"] = topic
+    if max_per_trigger:
+        spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = max_per_trigger
+    spec["sink"]["clickhouse"]["table"] = table
+    spec["sink"]["clickhouse"]["batching"].update(batching)
+    spec["deadLetter"]["topic"] = f"{topic}-dlq"
+    return write_pipeline(doc, tmp_path), topic, table
+
+
+def run(path: Path, kafka: KafkaServer, ch: ClickHouseServer, checkpoint: Path, *extra: str) -> str:
+    return totals(run_to_end(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", checkpoint, *extra).stdout)
+
+
+def test_100k_events_with_20_percent_duplicates_land_exactly_once(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    path, topic, table = pipeline(tmp_path, kafka)
+    rng = random.Random(1)
+    uniques = 80_000
+    records = [sms(f"id-{i:06d}", "first", T0 + timedelta(milliseconds=5 * i)) for i in range(uniques)]
+    for _ in range(20_000):  # repeats with another payload, 1-120 s later: inside the 5 m window
+        i = rng.randrange(uniques)
+        records.append(sms(f"id-{i:06d}", "repeat", T0 + timedelta(milliseconds=5 * i, seconds=rng.randint(1, 120))))
+    produce(kafka.bootstrap, topic, records)
+    started = time.monotonic()
+    summary = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    elapsed = time.monotonic() - started
+    print(f"100k events: {summary} in {elapsed:.1f} s")
+    rows, distinct, repeats = clickhouse.client().execute(
+        f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0]
+    assert (rows, distinct, repeats) == (uniques, uniques, 0)
+    assert "duplicates dropped 20000" in summary and "rows written 80000" in summary
+    # the consumer group's committed offsets reach the end of every partition
+    lag = group_lag(kafka.bootstrap, f"glasspipe.default.sms-{table[4:]}", topic)
+    assert len(lag) == 4 and all(committed == end for committed, end in lag.values()), lag
+    # a second run finds nothing new and writes nothing twice
+    again = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 0" in again, again
+    assert clickhouse.client().execute(f"SELECT count() FROM {table}")[0][0] == uniques
+
+
+def test_window_expiry_accepts_a_key_again(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1)
+    produce(kafka.bootstrap, topic, [
+        sms("a", "first", T0),
+        sms("a", "inside", T0 + timedelta(minutes=4, seconds=59)),  # < 5 m after the first: dropped
+        sms("b", "first", T0 + timedelta(minutes=1)),
+        sms("a", "after", T0 + timedelta(minutes=5, seconds=1)),   # window passed: written, new window
+        sms("a", "inside-2", T0 + timedelta(minutes=7)),            # inside the new window: dropped
+    ])
+    run(path, kafka, clickhouse, tmp_path / "ckpt")
+    # later, in another run from the same checkpoint: the state survived the restart
+    produce(kafka.bootstrap, topic, [
+        sms("b", "inside", T0 + timedelta(minutes=5)),               # inside b's window: dropped
+        sms("a", "late-window", T0 + timedelta(minutes=20)),         # a's window long passed: written
+    ])
+    run(path, kafka, clickhouse, tmp_path / "ckpt")
+    got = clickhouse.client().execute(f"SELECT sms_id, status FROM {table} ORDER BY sms_id, sent_at")
+    assert got == [("a", "first"), ("a", "after"), ("a", "late-window"), ("b", "first")]
+
+
+def test_bad_records_go_to_the_dead_letter_topic_with_reasons(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2)
+    good = [sms(f"ok-{i}", "sent", T0 + timedelta(seconds=i)) for i in range(10)]
+    bad = [
+        (b"m1", b"{not json"),
+        (b"m2", b"[1, 2, 3]"),
+        (b"k1", dumps({"status": "sent", "sent_at": T0.isoformat()})),                       # no sms_id
+        (b"k2", dumps({"sms_id": None, "status": "sent", "sent_at": T0.isoformat()})),       # null key
+        (b"t1", dumps({"sms_id": "t1", "status": "sent", "sent_at": "yesterday-ish"})),      # wrong type
+        (b"e1", dumps({"sms_id": "e1", "status": "sent"})),                                  # no event time
+    ]
+    produce(kafka.bootstrap, topic, good + bad)
+    summary = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "dead-lettered 6" in summary, summary
+    assert clickhouse.client().execute(f"SELECT count() FROM {table}")[0][0] == 10
+    dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=6)
+    assert len(dead) == 6
+    by_value = {m.value(): dict(m.headers()) for m in dead}
+    reasons = {v: h["glasspipe.reason"].decode() for v, h in by_value.items()}
+    assert reasons[b"{not json"].startswith("malformed_json")
+    assert reasons[b"[1, 2, 3]"].startswith("malformed_json")
+    assert reasons[bad[2][1]] == "missing_key: sms_id"
+    assert reasons[bad[3][1]] == "missing_key: sms_id"
+    assert reasons[bad[4][1]].startswith("schema_mismatch")
+    assert reasons[bad[5][1]] == "missing_required_field: sent_at"
+    for headers in by_value.values():
+        assert headers["glasspipe.source.topic"].decode() == topic
+        assert int(headers["glasspipe.source.offset"]) >= 0
+        assert headers["glasspipe.source.partition"] in (b"0", b"1")
+
+
+def test_sigkill_at_random_moments_loses_and_doubles_nothing(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=1500, maxRows=1000, maxDelay="200ms")
+    rng = random.Random(5)
+    uniques = 30_000
+    records = [sms(f"c-{i:06d}", "first", T0 + timedelta(milliseconds=20 * i)) for i in range(uniques)]
+    for _ in range(6_000):
+        i = rng.randrange(uniques)
+        records.append(sms(f"c-{i:06d}", "repeat", T0 + timedelta(milliseconds=20 * i, seconds=3)))
+    produce(kafka.bootstrap, topic, records)
+    ckpt = tmp_path / "ckpt"
+    kills = 0
+    counts = []
+    while kills < 6:
+        job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", ckpt, tmp_path / "job.log")
+        try:
+            # wait until this run has written something, then kill it at a random moment
+            before = clickhouse.client().execute(f"SELECT count() FROM {table}")[0][0] if kills else 0
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if not job.alive():
+                    raise AssertionError(f"job died by itself:\n{job.log_tail(60)}")
+                n = _count(clickhouse, table)
+                if n > before:
+                    break
+                time.sleep(0.3)
+            time.sleep(rng.uniform(0.0, 4.0))
+        finally:
+            job.kill()
+        kills += 1
+        counts.append(_count(clickhouse, table))
+        if counts[-1] >= uniques:
+            break
+    summary = run(path, kafka, clickhouse, ckpt)  # restart once more and drain
+    rows, distinct, repeats = clickhouse.client().execute(
+        f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0]
+    print(f"kills: {kills}, rows after each kill: {counts}, final: {summary}")
+    assert kills >= 5, f"the job finished before 5 kills ({counts}): make the stream longer"
+    assert (rows, distinct, repeats) == (uniques, uniques, 0)
+
+
+def _count(ch: ClickHouseServer, table: str) -> int:
+    try:
+        return int(ch.client().execute(f"SELECT count() FROM {table}")[0][0])
+    except Exception:  # the table is created by the job's first batch
+        return 0
+
+
+def test_clickhouse_down_for_30s_mid_run(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=2000, maxRows=2000, maxDelay="200ms")
+    uniques = 20_000
+    produce(kafka.bootstrap, topic, [sms(f"d-{i:06d}", "first", T0 + timedelta(milliseconds=50 * i))
+                                     for i in range(uniques)])
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
+                           tmp_path / "job.log")
+    try:
+        deadline = time.monotonic() + 120
+        while _count(clickhouse, table) == 0 and time.monotonic() < deadline:
+            assert job.alive(), job.log_tail(60)
+            time.sleep(0.3)
+        clickhouse.stop()
+        down_at = time.monotonic()
+        time.sleep(30)
+        assert job.alive(), f"the job gave up while ClickHouse was down:\n{job.log_tail(60)}"
+        clickhouse.start()
+        print(f"ClickHouse was down {time.monotonic() - down_at:.0f} s")
+        deadline = time.monotonic() + 180
+        while _count(clickhouse, table) < uniques and time.monotonic() < deadline:
+            assert job.alive(), job.log_tail(60)
+            time.sleep(0.5)
+    finally:
+        job.stop()
+        if not clickhouse.running():
+            clickhouse.start()
+    rows, distinct = clickhouse.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
+    assert (rows, distinct) == (uniques, uniques)
