@@ -100,7 +100,11 @@ def _apply_object_defaults(node: dict[str, Any]) -> None:
     for sub in node.get("properties", {}).values():
         _apply_object_defaults(sub)
         if sub.get("type") == "object" and "default" not in sub and not sub.get("required"):
-            sub["default"] = {}
+            # The API server checks a default against the object's CEL rules without defaulting inside
+            # it first: an object with rules gets its fields' defaults spelled out.
+            rules = "x-kubernetes-validations" in sub
+            sub["default"] = {k: v["default"] for k, v in sub.get("properties", {}).items()
+                              if "default" in v} if rules else {}
     if "items" in node:
         _apply_object_defaults(node["items"])
 

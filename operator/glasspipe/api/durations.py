@@ -21,9 +21,14 @@ def parse_duration_ms(text: str) -> int:
     return int(text.strip()[: -len(unit)]) * _UNIT_MS[unit]
 
 
-def cel_duration(expr: str) -> str:
-    """A CEL expression turning the duration string ``expr`` into a CEL duration (CEL has no ``d``)."""
-    return (
-        f"({expr}.endsWith('d') ? duration(string(int({expr}.substring(0, {expr}.size() - 1)) * 24) + 'h')"
-        f" : duration({expr}))"
-    )
+def cel_duration_ms(expr: str) -> str:
+    """A CEL expression for the milliseconds in the duration string ``expr`` (an int).
+
+    Integer arithmetic keeps the API server's estimated rule cost low (parsing through
+    ``duration(string(...) + 'h')`` exceeds the CRD's cost budget), and a quoted literal is folded here.
+    """
+    if len(expr) > 2 and expr[0] == expr[-1] == "'" and _RE.match(expr[1:-1]):
+        return str(parse_duration_ms(expr[1:-1]))
+    unit = (f"({expr}.endsWith('ms') ? 1 : {expr}.endsWith('s') ? 1000 : {expr}.endsWith('m') ? 60000"
+            f" : {expr}.endsWith('h') ? 3600000 : 86400000)")
+    return f"(int({expr}.substring(0, {expr}.size() - ({expr}.endsWith('ms') ? 2 : 1))) * {unit})"

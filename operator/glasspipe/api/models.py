@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic.alias_generators import to_camel
 
-from glasspipe.api.durations import DURATION_PATTERN, cel_duration, parse_duration_ms
+from glasspipe.api.durations import DURATION_PATTERN, cel_duration_ms, parse_duration_ms
 
 GROUP = "glasspipe.io"
 VERSION = "v1alpha1"
@@ -50,8 +50,8 @@ def _immutable(what: str) -> dict[str, Any]:
 
 def _bounded_duration(field: str, maximum: str, what: str) -> tuple[str, str]:
     return (
-        f"{cel_duration('self.' + field)} > duration('0s') && "
-        f"{cel_duration('self.' + field)} <= {cel_duration(repr(maximum))}",
+        f"{cel_duration_ms('self.' + field)} > 0 && "
+        f"{cel_duration_ms('self.' + field)} <= {cel_duration_ms(repr(maximum))}",
         f"{what} must be greater than 0 and at most {maximum}",
     )
 

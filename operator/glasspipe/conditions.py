@@ -1,0 +1,254 @@
+"""Status math of a GlassPipeline: pure functions from what the operator sees to what it reports.
+
+The operator aggregates its SparkApplications into ``metav1.Condition``s (Ready / Progressing /
+Degraded) because tools such as Argo CD judge a custom resource only by its own status. Nothing here
+talks to Kubernetes, so the rules are unit-tested directly: a condition's ``lastTransitionTime``
+changes only when its status flips, reasons are CamelCase, messages name the failing replica and
+carry spark-operator's ``errorMessage``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
+
+# spark-operator's status.applicationState.state values, grouped by what they mean for a stream.
+RUNNING = "RUNNING"
+FAILED_STATES = frozenset({"FAILED", "SUBMISSION_FAILED", "FAILING"})
+# A stopped driver: a stale application in one of these states no longer processes records.
+TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "SUBMISSION_FAILED"})
+
+# Reasons (CamelCase, as metav1.Condition requires).
+REASON_RECONCILING = "Reconciling"
+REASON_INVALID_SPEC = "InvalidSpec"
+REASON_RECONCILE_ERROR = "ReconcileError"
+REASON_REPLICA_FAILED = "ReplicaFailed"
+REASON_ROLLING_OUT = "RollingOut"
+REASON_STARTING = "ReplicasStarting"
+REASON_ALL_RUNNING = "AllReplicasRunning"
+REASON_SUSPENDED = "Suspended"
+REASON_SCALED_TO_ZERO = "ScaledToZero"
+REASON_STABLE = "Stable"
+REASON_AS_EXPECTED = "AsExpected"
+
+MAX_MESSAGE = 4096
+
+
+def now_rfc3339() -> str:
+    """metav1.Time: RFC 3339 in UTC with second precision."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class ConditionState:
+    """What a condition should say now (without its bookkeeping fields)."""
+
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str = ""
+
+
+def merge_conditions(
+    existing: Sequence[dict[str, Any]] | None,
+    wanted: Iterable[ConditionState],
+    generation: int | None,
+    now: str,
+) -> list[dict[str, Any]]:
+    """The new ``status.conditions`` list: ours in a fixed order, then any others untouched.
+
+    ``lastTransitionTime`` is carried over unless the status flips (or the condition is new);
+    reason, message and observedGeneration are always the current ones.
+    """
+    old = {c.get("type"): c for c in existing or []}
+    out: list[dict[str, Any]] = []
+    ours = set()
+    for w in wanted:
+        ours.add(w.type)
+        prev = old.get(w.type)
+        flipped = prev is None or prev.get("status") != w.status or not prev.get("lastTransitionTime")
+        cond: dict[str, Any] = {
+            "type": w.type,
+            "status": w.status,
+            "reason": w.reason,
+            "message": w.message[:MAX_MESSAGE],
+            "lastTransitionTime": now if flipped else prev["lastTransitionTime"],  # type: ignore[index]
+        }
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        out.append(cond)
+    out.extend(c for c in existing or [] if c.get("type") not in ours)
+    return out
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A condition whose status changed: worth a Kubernetes Event."""
+
+    type: str
+    old_status: str | None
+    new_status: str
+    reason: str
+    message: str
+
+    @property
+    def warning(self) -> bool:
+        """Bad news: Degraded turned True, or Ready turned False."""
+        return (self.type == DEGRADED and self.new_status == "True") or (
+            self.type == READY and self.new_status == "False" and self.old_status == "True"
+        )
+
+
+def transitions(old: Sequence[dict[str, Any]] | None, new: Sequence[dict[str, Any]]) -> list[Transition]:
+    before = {c.get("type"): c.get("status") for c in old or []}
+    return [
+        Transition(c["type"], before.get(c["type"]), c["status"], c["reason"], c.get("message", ""))
+        for c in new
+        if c["type"] in CONDITION_TYPES and before.get(c["type"]) != c["status"]
+    ]
+
+
+def unknown_conditions() -> list[ConditionState]:
+    """What a pipeline says before the operator's first full look (its first visit)."""
+    msg = "glasspipe-operator has not finished its first reconciliation of this pipeline"
+    return [ConditionState(t, "Unknown", REASON_RECONCILING, msg) for t in CONDITION_TYPES]
+
+
+# ------------------------------------------------------------------------------ aggregation
+
+
+@dataclass(frozen=True)
+class ObservedApp:
+    """One SparkApplication of the pipeline as the operator sees it."""
+
+    name: str
+    index: int
+    state: str  # status.applicationState.state ("" before spark-operator's first look)
+    error_message: str = ""
+    current: bool = True  # its spec-hash matches the render of the current spec
+    deleting: bool = False
+
+
+def observe_app(obj: dict[str, Any], index: int, current: bool) -> ObservedApp:
+    """Read the parts of a SparkApplication's status that matter to us."""
+    status = obj.get("status") or {}
+    return ObservedApp(
+        name=obj["metadata"]["name"],
+        index=index,
+        state=str((status.get("applicationState") or {}).get("state") or ""),
+        error_message=str((status.get("applicationState") or {}).get("errorMessage") or ""),
+        current=current,
+        deleting=bool(obj["metadata"].get("deletionTimestamp")),
+    )
+
+
+@dataclass
+class Assessment:
+    """Everything the operator writes into ``status`` besides bookkeeping."""
+
+    conditions: list[ConditionState]
+    replicas: int
+    ready_replicas: int
+    replica_statuses: list[dict[str, Any]] = field(default_factory=list)
+
+
+def replica_statuses(apps: Sequence[ObservedApp]) -> list[dict[str, Any]]:
+    out = []
+    for a in sorted(apps, key=lambda a: (a.index, a.name)):
+        entry: dict[str, Any] = {"index": a.index, "application": a.name, "state": a.state}
+        if a.error_message:
+            entry["message"] = a.error_message[:MAX_MESSAGE]
+        out.append(entry)
+    return out
+
+
+def _failure_message(apps: Sequence[ObservedApp]) -> str:
+    parts = []
+    for a in apps:
+        text = f"replica {a.name} is {a.state}"
+        if a.error_message:
+            text += f": {a.error_message}"
+        parts.append(text)
+    return "; ".join(parts)
+
+
+def assess(
+    desired: int,
+    apps: Sequence[ObservedApp],
+    *,
+    suspended: bool = False,
+    invalid: str | None = None,
+    error: str | None = None,
+) -> Assessment:
+    """Conditions and counters from the desired replica count and the observed applications.
+
+    ``desired`` is the number of applications the current spec wants (0 when suspended);
+    ``invalid`` is the deep validator's message when the spec cannot run (nothing was changed);
+    ``error`` is an API failure of this reconciliation.
+    """
+    existing = [a for a in apps if not a.deleting]
+    ready = [a for a in apps if a.current and not a.deleting and a.state == RUNNING]
+    failed = [a for a in apps if a.current and not a.deleting and a.state in FAILED_STATES]
+    statuses = replica_statuses(apps)
+
+    def result(ready_c: ConditionState, prog: ConditionState, deg: ConditionState) -> Assessment:
+        return Assessment([ready_c, prog, deg], len(existing), len(ready), statuses)
+
+    if invalid is not None:
+        msg = f"the spec cannot run, so no Spark application was created or changed: {invalid}"
+        return result(
+            ConditionState(READY, "False", REASON_INVALID_SPEC, msg),
+            ConditionState(PROGRESSING, "False", REASON_INVALID_SPEC, "waiting for a valid spec"),
+            ConditionState(DEGRADED, "True", REASON_INVALID_SPEC, invalid),
+        )
+
+    stale = [a for a in apps if not a.current or a.deleting]
+    current = {a.index for a in apps if a.current and not a.deleting}
+    missing = desired - len(current)
+    rolling = bool(stale) or missing != 0
+
+    # Degraded: a failing replica, or the operator could not do its job.
+    if failed:
+        degraded = ConditionState(DEGRADED, "True", REASON_REPLICA_FAILED, _failure_message(failed))
+    elif error is not None:
+        degraded = ConditionState(DEGRADED, "True", REASON_RECONCILE_ERROR, error)
+    else:
+        degraded = ConditionState(DEGRADED, "False", REASON_AS_EXPECTED, "no replica is failing")
+
+    # Progressing: applications being stopped/created, or starting up.
+    starting = [a for a in apps if a.current and not a.deleting and a.state != RUNNING and a.state not in FAILED_STATES]
+    if rolling:
+        what = []
+        if stale:
+            what.append(f"stopping {len(stale)} old application(s) first")
+        if missing > 0:
+            what.append(f"{missing} to create")
+        target = "suspending" if suspended else f"rolling out {desired} replica(s)"
+        progressing = ConditionState(PROGRESSING, "True", REASON_ROLLING_OUT, f"{target}: " + ", ".join(what))
+    elif starting:
+        names = ", ".join(f"{a.name} ({a.state or 'NEW'})" for a in starting)
+        progressing = ConditionState(PROGRESSING, "True", REASON_STARTING, f"waiting for RUNNING: {names}")
+    else:
+        progressing = ConditionState(PROGRESSING, "False", REASON_STABLE, f"{len(ready)} of {desired} replicas running")
+
+    # Ready: every wanted replica RUNNING the current spec, nothing else around.
+    if not rolling and not failed and len(ready) == desired:
+        if desired == 0:
+            reason = REASON_SUSPENDED if suspended else REASON_SCALED_TO_ZERO
+            msg = ("suspended: no Spark application runs; checkpoints and offsets are kept" if suspended
+                   else "scaled to 0 replicas: no Spark application runs")
+            ready_c = ConditionState(READY, "True", reason, msg)
+        else:
+            ready_c = ConditionState(READY, "True", REASON_ALL_RUNNING, f"{desired} of {desired} replicas running")
+    elif failed:
+        ready_c = ConditionState(READY, "False", REASON_REPLICA_FAILED, degraded.message)
+    else:
+        reason = REASON_ROLLING_OUT if rolling else REASON_STARTING
+        ready_c = ConditionState(READY, "False", reason, f"{len(ready)} of {desired} replicas running; "
+                                 + progressing.message)
+    return result(ready_c, progressing, degraded)

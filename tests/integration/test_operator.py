@@ -1,0 +1,431 @@
+"""The operator against a real kube-apiserver, running as `glasspipe-operator` under the chart's RBAC.
+
+The test plays spark-operator: it patches SparkApplication status the way spark-operator would and
+checks that the GlassPipeline's conditions, counters and replica states follow. There is no garbage
+collector in the test cluster, so deletions seen here are the operator's own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+
+from glasspipe.api.validation import validate_spec
+from glasspipe.render import SPEC_HASH_ANNOTATION, render_spark_applications
+from glasspipe_dev.kube import KubeAPIServer, kube_bin
+from glasspipe_dev.process import ServerProcess, free_port
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+GP_CRD = ROOT / "crds" / "glasspipe.io_glasspipelines.yaml"
+SPARK_CRD = Path(__file__).parent / "manifests" / "sparkapplications-minimal-crd.yaml"
+EXAMPLE = ROOT / "examples" / "filter-mapping.yaml"
+INTERVAL = 2.0  # the operator's periodic reconcile, short for tests
+RELEASE = "gp"
+
+T = TypeVar("T")
+
+
+def wait_for(fn: Callable[[], T | None], what: str, timeout: float = 45.0, operator: Any = None) -> T:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = fn()
+        except AssertionError as e:  # a check that is not true yet
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.3)
+    logs = f"\noperator log:\n{operator.proc.log_tail(60)}" if operator is not None else ""
+    pytest.fail(f"timed out waiting for {what}; last: {last!r}{logs}")
+
+
+class Operator:
+    """The operator subprocess plus kubectl helpers for one test cluster."""
+
+    def __init__(self, kube: KubeAPIServer, kubeconfig: Path, log: Path) -> None:
+        self.kube = kube
+        self.kubeconfig = kubeconfig
+        self.log = log
+        self.proc: ServerProcess = None  # type: ignore[assignment]
+        self.metrics_port = 0
+
+    def start(self) -> None:
+        live, self.metrics_port = free_port(), free_port()
+        exe = Path(sys.executable).with_name("glasspipe-operator")
+        argv = [str(exe) if exe.exists() else shutil.which("glasspipe-operator") or "glasspipe-operator",
+                "--bind-address=127.0.0.1", f"--liveness-port={live}", f"--metrics-port={self.metrics_port}",
+                f"--reconcile-interval={INTERVAL}"]
+        self.proc = ServerProcess("glasspipe-operator", argv, self.log, env={"KUBECONFIG": str(self.kubeconfig)})
+        self.proc.start()
+
+        def healthy() -> bool:
+            with urllib.request.urlopen(f"http://127.0.0.1:{live}/healthz", timeout=2) as r:
+                return r.status == 200
+
+        self.proc.wait_ready(healthy, 60, "(liveness endpoint)")
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    # -- kubectl as admin (the test plays users and spark-operator)
+
+    def k(self, *args: str, input: str | None = None) -> str:
+        return self.kube.kubectl(*args, input=input).stdout
+
+    def get(self, ns: str, what: str, name: str) -> dict[str, Any] | None:
+        res = self.kube.kubectl("get", what, name, "-n", ns, "-o", "json", check=False)
+        if res.returncode != 0:
+            if "NotFound" in res.stderr:
+                return None
+            raise RuntimeError(res.stderr)
+        return dict(json.loads(res.stdout))
+
+    def pipeline(self, ns: str, name: str) -> dict[str, Any]:
+        obj = self.get(ns, "glasspipelines.glasspipe.io", name)
+        assert obj is not None
+        return obj
+
+    def apps(self, ns: str) -> dict[str, dict[str, Any]]:
+        out = json.loads(self.k("get", "sparkapplications.sparkoperator.k8s.io", "-n", ns, "-o", "json"))
+        return {a["metadata"]["name"]: a for a in out["items"]}
+
+    def set_state(self, ns: str, app: str, state: str, error: str = "") -> None:
+        """What spark-operator does: write status.applicationState."""
+        patch = {"status": {"applicationState": {"state": state, "errorMessage": error}}}
+        self.k("patch", "sparkapplications.sparkoperator.k8s.io", app, "-n", ns, "--subresource=status",
+               "--type=merge", "-p", json.dumps(patch))
+
+    def condition(self, ns: str, name: str, ctype: str) -> dict[str, Any]:
+        conds = {c["type"]: c for c in (self.pipeline(ns, name).get("status") or {}).get("conditions", [])}
+        return dict(conds.get(ctype) or {})
+
+    def wait_condition(self, ns: str, name: str, ctype: str, status: str, reason: str | None = None,
+                       timeout: float = 45.0) -> dict[str, Any]:
+        def check() -> dict[str, Any] | None:
+            c = self.condition(ns, name, ctype)
+            ok = c.get("status") == status and (reason is None or c.get("reason") == reason)
+            return c if ok else None
+        return wait_for(check, f"{name} {ctype}={status} {reason or ''}", timeout, self)
+
+    def wait_apps(self, ns: str, names: list[str], timeout: float = 45.0) -> dict[str, dict[str, Any]]:
+        def check() -> list[dict[str, dict[str, Any]]] | None:
+            apps = self.apps(ns)
+            live = {n: a for n, a in apps.items() if not a["metadata"].get("deletionTimestamp")}
+            return [apps] if sorted(live) == sorted(names) and len(apps) == len(names) else None
+        return wait_for(check, f"SparkApplications {names} in {ns}", timeout, self)[0]
+
+
+def _apply_crd(kube: KubeAPIServer, path: Path, name: str) -> None:
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+    # Not `kubectl wait`: it fails outright while the new CRD has no status.conditions yet.
+    jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
+    wait_for(lambda: kube.kubectl("get", f"crd/{name}", "-o", f"jsonpath={jsonpath}").stdout == "True",
+             f"CRD {name} to be established", timeout=60)
+
+
+def _chart_rbac(namespace: str) -> str:
+    """The chart's ServiceAccount and RBAC exactly as `helm template` renders them."""
+    res = subprocess.run(
+        [str(kube_bin("helm")), "template", RELEASE, str(ROOT / "charts" / "glasspipe"), "--namespace", namespace,
+         "--show-only", "templates/serviceaccount.yaml", "--show-only", "templates/rbac.yaml"],
+        capture_output=True, text=True, check=False)
+    if res.returncode != 0:
+        raise RuntimeError(f"helm template failed: {res.stderr}")
+    return res.stdout
+
+
+@pytest.fixture(scope="module")
+def operator(kube: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Operator]:
+    _apply_crd(kube, GP_CRD, "glasspipelines.glasspipe.io")
+    _apply_crd(kube, SPARK_CRD, "sparkapplications.sparkoperator.k8s.io")
+    system_ns = f"glasspipe-system-{uuid.uuid4().hex[:6]}"
+    kube.kubectl("create", "namespace", system_ns)
+    kube.kubectl("apply", "-f", "-", input=_chart_rbac(system_ns))
+    kubeconfig = kube.service_account_kubeconfig(system_ns, f"{RELEASE}-glasspipe", create=False)
+    op = Operator(kube, kubeconfig, tmp_path_factory.mktemp("operator") / "operator.log")
+    op.start()
+    try:
+        yield op
+    finally:
+        op.stop()
+        log = op.log.read_text(errors="replace")
+        # Least privilege must still be enough: no request of the operator may have been forbidden.
+        assert "forbidden" not in log.lower(), f"the operator hit RBAC denials:\n{op.proc.log_tail(80)}"
+
+
+def new_namespace(op: Operator) -> str:
+    ns = f"gp-{uuid.uuid4().hex[:8]}"
+    op.k("create", "namespace", ns)
+    return ns
+
+
+def create_pipeline(op: Operator, ns: str, name: str = "pay", **spec: Any) -> dict[str, Any]:
+    doc = yaml.safe_load(EXAMPLE.read_text())
+    doc["metadata"] = {"name": name, "namespace": ns}
+    doc["spec"].update(spec)
+    op.k("apply", "-f", "-", input=json.dumps(doc))
+    return op.pipeline(ns, name)
+
+
+def expected_apps(op: Operator, ns: str, name: str) -> dict[str, dict[str, Any]]:
+    obj = op.pipeline(ns, name)
+    spec, _ = validate_spec(obj["spec"])
+    return {a["metadata"]["name"]: a for a in render_spark_applications(ns, name, obj["metadata"]["uid"], spec)}
+
+
+def run_all(op: Operator, ns: str, state: str = "RUNNING") -> None:
+    for app in op.apps(ns):
+        op.set_state(ns, app, state)
+
+
+# --------------------------------------------------------------------------------------------- tests
+
+
+def test_create_renders_apps_and_reports_status(operator: Operator) -> None:
+    op, ns = operator, new_namespace(operator)
+    created = create_pipeline(op, ns)
+    apps = op.wait_apps(ns, ["pay-0", "pay-1"])
+    want = expected_apps(op, ns, "pay")
+    for name, app in apps.items():
+        assert app["spec"] == want[name]["spec"]
+        assert app["metadata"]["annotations"][SPEC_HASH_ANNOTATION] == want[name]["metadata"]["annotations"][
+            SPEC_HASH_ANNOTATION]
+        assert app["metadata"]["ownerReferences"][0]["uid"] == created["metadata"]["uid"]
+
+    op.wait_condition(ns, "pay", "Progressing", "True", "ReplicasStarting")
+    status = op.pipeline(ns, "pay")["status"]
+    assert status["observedGeneration"] == created["metadata"]["generation"]
+    assert status["selector"] == "glasspipe.io/pipeline=pay"
+    assert (status["replicas"], status["readyReplicas"]) == (2, 0)
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {
+        "Ready": "False", "Progressing": "True", "Degraded": "False"}
+    assert all(c["observedGeneration"] == created["metadata"]["generation"] for c in status["conditions"])
+    # The pipeline's spec is the user's: the operator wrote only metadata bookkeeping and status.
+    assert op.pipeline(ns, "pay")["spec"] == created["spec"]
+
+    op.set_state(ns, "pay-0", "SUBMITTED")
+    op.set_state(ns, "pay-1", "RUNNING")
+    op.wait_condition(ns, "pay", "Progressing", "True", "ReplicasStarting")
+    op.set_state(ns, "pay-0", "RUNNING")
+    ready = op.wait_condition(ns, "pay", "Ready", "True", "AllReplicasRunning")
+    status = op.pipeline(ns, "pay")["status"]
+    assert status["readyReplicas"] == 2
+    assert [(r["index"], r["application"], r["state"]) for r in status["replicaStatuses"]] == [
+        (0, "pay-0", "RUNNING"), (1, "pay-1", "RUNNING")]
+    assert op.condition(ns, "pay", "Progressing")["status"] == "False"
+
+    # Level-triggered but quiet: a few periodic passes later nothing changed (no churn, no flapping).
+    versions = {n: a["metadata"]["resourceVersion"] for n, a in op.apps(ns).items()}
+    time.sleep(3 * INTERVAL)
+    assert {n: a["metadata"]["resourceVersion"] for n, a in op.apps(ns).items()} == versions
+    assert op.condition(ns, "pay", "Ready")["lastTransitionTime"] == ready["lastTransitionTime"]
+
+    events = json.loads(op.k("get", "events", "-n", ns, "-o", "json"))["items"]
+    assert any(e["reason"] == "AllReplicasRunning" and e["involvedObject"]["name"] == "pay" for e in events)
+    metrics = op.metrics()
+    assert 'glasspipe_operator_reconciles_total{result="ok"}' in metrics
+    assert f'glasspipe_pipeline_ready_replicas{{namespace="{ns}",pipeline="pay"}} 2.0' in metrics
+
+
+def test_scale_up_and_down_is_stop_first(operator: Operator) -> None:
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns)
+    old = op.wait_apps(ns, ["pay-0", "pay-1"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+
+    op.k("scale", "glasspipelines.glasspipe.io/pay", "-n", ns, "--replicas=3")
+    apps = op.wait_apps(ns, ["pay-0", "pay-1", "pay-2"])
+    # Every replica was replaced (its partition share changed), none kept its old object.
+    assert all(apps[n]["metadata"]["uid"] != old[n]["metadata"]["uid"] for n in old)
+    want = expected_apps(op, ns, "pay")
+    assert {n: a["spec"] for n, a in apps.items()} == {n: a["spec"] for n, a in want.items()}
+    assert json.loads(apps["pay-2"]["spec"]["arguments"][1])["replicas"] == 3
+    status = op.pipeline(ns, "pay")["status"]
+    assert status["replicas"] == 3
+    op.wait_condition(ns, "pay", "Ready", "False")
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True", "AllReplicasRunning")
+    scale = json.loads(op.k("get", "--raw", f"/apis/glasspipe.io/v1alpha1/namespaces/{ns}/glasspipelines/pay/scale"))
+    assert scale["status"]["replicas"] == 3 and scale["status"]["selector"] == "glasspipe.io/pipeline=pay"
+
+    op.k("scale", "glasspipelines.glasspipe.io/pay", "-n", ns, "--replicas=1")
+    op.wait_apps(ns, ["pay-0"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+    assert op.pipeline(ns, "pay")["status"]["replicas"] == 1
+
+    op.k("patch", "glasspipelines.glasspipe.io", "pay", "-n", ns, "--type=merge", "-p", '{"spec":{"suspend":true}}')
+    op.wait_apps(ns, [])
+    op.wait_condition(ns, "pay", "Ready", "True", "Suspended")
+
+
+def test_new_replicas_wait_until_old_drivers_are_gone(operator: Operator) -> None:
+    """Stop-first: a stale application that is still there (spark-operator's finalizer, driver still
+    stopping) holds back every new application until it is gone or its driver has stopped."""
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns)
+    op.wait_apps(ns, ["pay-0", "pay-1"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+    hold = json.dumps({"metadata": {"finalizers": ["test.glasspipe.io/driver-running"]}})
+    op.k("patch", "sparkapplications.sparkoperator.k8s.io", "pay-0", "-n", ns, "--type=merge", "-p", hold)
+
+    op.k("scale", "glasspipelines.glasspipe.io/pay", "-n", ns, "--replicas=3")
+    wait_for(lambda: sorted(op.apps(ns)) == ["pay-0"] and op.apps(ns)["pay-0"]["metadata"].get("deletionTimestamp"),
+             "pay-1 deleted and pay-0 terminating", operator=op)
+    prog = op.wait_condition(ns, "pay", "Progressing", "True", "RollingOut")
+    assert "stopping 1 old" in prog["message"]
+    time.sleep(2 * INTERVAL)
+    assert sorted(op.apps(ns)) == ["pay-0"], "new replicas started while an old driver was still running"
+
+    # The old driver has stopped: the other replicas may start; pay-0 itself waits until it is gone.
+    op.set_state(ns, "pay-0", "COMPLETED")
+    wait_for(lambda: sorted(op.apps(ns)) == ["pay-0", "pay-1", "pay-2"], "pay-1 and pay-2 created", operator=op)
+    op.k("patch", "sparkapplications.sparkoperator.k8s.io", "pay-0", "-n", ns, "--type=merge",
+         "-p", json.dumps({"metadata": {"finalizers": None}}))
+    apps = op.wait_apps(ns, ["pay-0", "pay-1", "pay-2"])
+    want = expected_apps(op, ns, "pay")
+    assert {n: a["spec"] for n, a in apps.items()} == {n: a["spec"] for n, a in want.items()}
+
+
+def test_spark_operator_states_drive_conditions(operator: Operator) -> None:
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns, replicas=2)
+    op.wait_apps(ns, ["pay-0", "pay-1"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+
+    op.set_state(ns, "pay-1", "FAILING", "driver pod exited with code 1: Kafka broker not reachable")
+    deg = op.wait_condition(ns, "pay", "Degraded", "True", "ReplicaFailed")
+    assert "pay-1" in deg["message"] and "Kafka broker not reachable" in deg["message"]
+    ready = op.condition(ns, "pay", "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReplicaFailed")
+    status = op.pipeline(ns, "pay")["status"]
+    assert status["readyReplicas"] == 1
+    assert status["replicaStatuses"][1]["state"] == "FAILING"
+    assert "Kafka broker not reachable" in status["replicaStatuses"][1]["message"]
+
+    op.set_state(ns, "pay-1", "PENDING_RERUN")
+    op.wait_condition(ns, "pay", "Degraded", "False")
+    op.wait_condition(ns, "pay", "Progressing", "True", "ReplicasStarting")
+    op.set_state(ns, "pay-1", "SUBMITTED")
+    op.wait_condition(ns, "pay", "Progressing", "True", "ReplicasStarting")
+    op.set_state(ns, "pay-1", "RUNNING")
+    op.wait_condition(ns, "pay", "Ready", "True")
+
+    op.set_state(ns, "pay-0", "FAILED", "application failed after 3 attempts")
+    deg = op.wait_condition(ns, "pay", "Degraded", "True", "ReplicaFailed")
+    assert "pay-0 is FAILED: application failed after 3 attempts" in deg["message"]
+
+    def warned() -> bool:
+        events = json.loads(op.k("get", "events", "-n", ns, "-o", "json"))["items"]
+        return any(e["type"] == "Warning" and e["reason"] == "ReplicaFailed" for e in events)
+    wait_for(warned, "a Warning event ReplicaFailed", operator=op)
+
+
+def test_invalid_spec_is_degraded_and_changes_nothing(operator: Operator) -> None:
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns)
+    op.wait_apps(ns, ["pay-0", "pay-1"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+    before = {n: a["metadata"]["resourceVersion"] for n, a in op.apps(ns).items()}
+
+    # Passes the CRD's schema and CEL rules, fails deep validation (not Spark SQL); also a rescale,
+    # which must not be acted on either.
+    op.k("patch", "glasspipelines.glasspipe.io", "pay", "-n", ns, "--type=json", "-p", json.dumps([
+        {"op": "replace", "path": "/spec/sources/0/filter", "value": "state = = 'settled'"},
+        {"op": "replace", "path": "/spec/replicas", "value": 4}]))
+    deg = op.wait_condition(ns, "pay", "Degraded", "True", "InvalidSpec")
+    assert "spec.sources[0].filter" in deg["message"]
+    status = op.pipeline(ns, "pay")["status"]
+    assert status["observedGeneration"] == op.pipeline(ns, "pay")["metadata"]["generation"]
+    assert status["replicas"] == 2 and status["readyReplicas"] == 2
+    time.sleep(2 * INTERVAL)
+    assert {n: a["metadata"]["resourceVersion"] for n, a in op.apps(ns).items()} == before
+
+    # Fixing the spec lets the operator act again (here: the rescale to 4).
+    op.k("patch", "glasspipelines.glasspipe.io", "pay", "-n", ns, "--type=json",
+         "-p", json.dumps([{"op": "replace", "path": "/spec/sources/0/filter", "value": "state = 'settled'"}]))
+    op.wait_apps(ns, ["pay-0", "pay-1", "pay-2", "pay-3"])
+    op.wait_condition(ns, "pay", "Degraded", "False")
+
+
+def test_restart_makes_no_duplicates_and_no_churn(operator: Operator) -> None:
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns)
+    op.wait_apps(ns, ["pay-0", "pay-1"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+    before = {n: (a["metadata"]["uid"], a["metadata"]["resourceVersion"]) for n, a in op.apps(ns).items()}
+    pipeline_rv = op.pipeline(ns, "pay")["metadata"]["resourceVersion"]
+
+    op.stop()
+    op.start()
+    # Let the resume handler and a few timer passes run.
+    wait_for(lambda: _reconciles(op) >= 3, "3 reconciliations after the restart", operator=op)
+    time.sleep(INTERVAL)
+    assert {n: (a["metadata"]["uid"], a["metadata"]["resourceVersion"]) for n, a in op.apps(ns).items()} == before
+    # Not even the pipeline was touched (status unchanged, no annotations rewritten).
+    assert op.pipeline(ns, "pay")["metadata"]["resourceVersion"] == pipeline_rv
+
+
+def _reconciles(op: Operator) -> float:
+    total = 0.0
+    for line in op.metrics().splitlines():
+        if line.startswith("glasspipe_operator_reconciles_total{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_delete_removes_apps_then_the_pipeline(operator: Operator) -> None:
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns)
+    op.wait_apps(ns, ["pay-0", "pay-1"])
+    assert "glasspipe.io/finalizer" in op.pipeline(ns, "pay")["metadata"]["finalizers"]
+    op.k("delete", "glasspipelines.glasspipe.io", "pay", "-n", ns, "--wait=false")
+    op.wait_apps(ns, [])
+    wait_for(lambda: op.get(ns, "glasspipelines.glasspipe.io", "pay") is None, "the pipeline to be gone", operator=op)
+
+
+def test_chart_renders_deployment_and_namespaced_rbac(kube: KubeAPIServer) -> None:
+    """`helm template` (our helm binary): the Deployment runs the entry point; watchNamespaces binds per namespace;
+    the API server accepts every rendered object (server-side dry run)."""
+    res = subprocess.run(
+        [str(kube_bin("helm")), "template", RELEASE, str(ROOT / "charts" / "glasspipe"), "--namespace", "ops",
+         "--include-crds", "--set", "watchNamespaces={team-a,team-b}"],
+        capture_output=True, text=True, check=True)
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d]
+    kinds = sorted((d["kind"], d["metadata"].get("namespace", "")) for d in docs)
+    assert ("CustomResourceDefinition", "") in kinds
+    assert [k for k in kinds if k[0] == "RoleBinding"] == [("RoleBinding", "team-a"), ("RoleBinding", "team-b")]
+    assert sum(1 for k in kinds if k[0] == "ClusterRoleBinding") == 1  # CRD discovery only
+    deploy = next(d for d in docs if d["kind"] == "Deployment")
+    container = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["glasspipe-operator"]
+    assert "--namespace=team-a" in container["args"] and "--namespace=team-b" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"]["type"] == "Recreate"
+    for ns in ("ops", "team-a", "team-b"):
+        kube.kubectl("create", "namespace", ns, check=False)
+    kube.kubectl("apply", "--dry-run=server", "-f", "-", input=res.stdout)
