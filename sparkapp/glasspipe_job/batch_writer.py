@@ -24,7 +24,7 @@ from glasspipe_job.clickhouse_sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
-from glasspipe_job.transform import DUPLICATE, META_COLUMNS, REASON, STATUS
+from glasspipe_job.transform import DUPLICATE, META_COLUMNS, REASON, STATUS, WARMUP
 
 log = logging.getLogger("glasspipe.job")
 
@@ -100,7 +100,8 @@ class BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = read_offset_log(df, self.checkpoint, batch_id)
-        table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE).toArrow()
+        table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP).toArrow()
+        table = table.filter(pc.invert(pc.fill_null(table.column(WARMUP), False)))  # written by a predecessor
         status = table.column(STATUS)
         dup = pc.fill_null(table.column(DUPLICATE), False)
         dead = table.filter(pc.equal(status, "dead"))
@@ -149,4 +150,4 @@ def select_output(df: DataFrame, config: JobConfig) -> DataFrame:
 
     # try_cast: with ANSI SQL (Spark 4 default) a bad cast would fail the query; NULL goes to the DLQ instead.
     cols = [F.expr(c.sql).try_cast(spark_type_for_clickhouse(c.clickhouse_type)).alias(c.name) for c in config.columns]
-    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE)
+    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP)

@@ -750,7 +750,7 @@ class ClickHouseSink:
     def ledger_sql(self) -> str:
         sql = (
             f"CREATE TABLE IF NOT EXISTS {self.ledger_table} (writer String, batch_id UInt64, chunks UInt32, "
-            "rows UInt64, offsets String, written_at DateTime DEFAULT now()) "
+            "rows UInt64, offsets String, state String DEFAULT 'done', written_at DateTime DEFAULT now()) "
             "ENGINE = MergeTree ORDER BY (writer, batch_id)"
         )
         if self._token_capable():
@@ -766,7 +766,7 @@ class ClickHouseSink:
         def q(_attempt: int) -> LedgerEntry | None:
             rows = self.client.execute(
                 f"SELECT batch_id, chunks, rows, offsets FROM {self.ledger_table} WHERE writer = %(w)s "
-                "ORDER BY batch_id DESC LIMIT 1",
+                "AND state = 'done' ORDER BY batch_id DESC LIMIT 1",
                 {"w": writer_id or self.writer_id},
             )
             return (
@@ -785,24 +785,80 @@ class ClickHouseSink:
 
     def _ledger_entry(self, batch_id: int) -> tuple[int, int] | None:
         rows = self.client.execute(
-            f"SELECT chunks, rows FROM {self.ledger_table} WHERE writer = %(w)s AND batch_id = %(b)s LIMIT 1",
+            f"SELECT chunks, rows FROM {self.ledger_table} WHERE writer = %(w)s AND batch_id = %(b)s "
+            "AND state = 'done' LIMIT 1",
             {"w": self.writer_id, "b": batch_id},
         )
         return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
-    def _insert_ledger(self, batch_id: int, chunks: int, rows: int, offsets: str) -> None:
+    def _insert_ledger(self, batch_id: int, chunks: int, rows: int, offsets: str, state: str = "done",
+                       writer_id: str | None = None) -> None:
+        """A ledger row: ``pending`` before a batch's chunks are sent, ``done`` after, ``rolledback``
+        when a successor removed an abandoned batch (see handover.py)."""
+        writer = writer_id or self.writer_id
         settings: dict[str, Any] = {}
         if self.mechanism is Mechanism.TOKEN:
             settings = {
                 "insert_deduplicate": 1,
-                "insert_deduplication_token": f"{self.writer_id}/{batch_id}/ledger",
+                "insert_deduplication_token": f"{writer}/{batch_id}/ledger-{state}",
             }
         self.client.execute(
-            f"INSERT INTO {self.ledger_table} (writer, batch_id, chunks, rows, offsets) VALUES",
-            [[self.writer_id], [batch_id], [chunks], [rows], [offsets]],
+            f"INSERT INTO {self.ledger_table} (writer, batch_id, chunks, rows, offsets, state) VALUES",
+            [[writer], [batch_id], [chunks], [rows], [offsets], [state]],
             columnar=True,
             settings=settings or None,
         )
+
+    # -- hand-over between generations of writers (rescaling; see handover.py)
+
+    def pipeline_ledger(self, writer_prefix: str) -> list[tuple[str, int, str, str]]:
+        """(writer, batch_id, state, offsets) of every ledger row of the writers starting with the prefix."""
+        self.open()
+
+        def q(_attempt: int) -> list[tuple[str, int, str, str]]:
+            rows = self.client.execute(
+                f"SELECT writer, batch_id, state, offsets FROM {self.ledger_table} "
+                "WHERE substring(writer, 1, %(n)s) = %(p)s",
+                {"n": len(writer_prefix.encode()), "p": writer_prefix},
+            )
+            return [(str(w), int(b), str(st), str(o)) for w, b, st, o in rows]
+
+        result: list[tuple[str, int, str, str]] = self._retrying("reading the ledger", q)
+        return result
+
+    def roll_back(self, writer_id: str, batch_id: int, offsets: str) -> int:
+        """Remove every chunk an abandoned (never done) batch of another writer left in the table.
+
+        Only safe once that writer has stopped for good: the operator stops a generation of replicas
+        before it starts the next one. Returns the rows removed.
+        """
+        self.open()
+        prefix = f"{writer_id}/{batch_id}/"
+        marker = quote_ident(MARKER_COLUMN)
+        where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
+
+        def remove(_attempt: int) -> int:
+            if self._ledger_state(writer_id, batch_id) & {"done", "rolledback"}:
+                return 0
+            left = int(self.client.execute(f"SELECT count() FROM {self.full_table} WHERE {where}", {"p": prefix})[0][0])
+            if left:
+                if not getattr(self, "_rollback_issued", None) == prefix:
+                    log.warning("rolling back %d rows of abandoned batch %s in %s", left, prefix, self.full_table)
+                    self.client.execute(f"ALTER TABLE {self.full_table} DELETE WHERE {where}", {"p": prefix})
+                    self._rollback_issued = prefix
+                raise _MutationPending(f"waiting for the roll-back of {prefix} to finish")
+            self._insert_ledger(batch_id, 0, 0, offsets, state="rolledback", writer_id=writer_id)
+            return left
+
+        removed: int = self._retrying(f"rolling back batch {prefix}", remove)
+        return removed
+
+    def _ledger_state(self, writer_id: str, batch_id: int) -> set[str]:
+        rows = self.client.execute(
+            f"SELECT DISTINCT state FROM {self.ledger_table} WHERE writer = %(w)s AND batch_id = %(b)s",
+            {"w": writer_id, "b": batch_id},
+        )
+        return {str(r[0]) for r in rows}
 
     # -- chunks in the table (marker mechanism)
 
@@ -883,6 +939,10 @@ class ClickHouseSink:
             stats["attempts"] = k_attempt + 1
             if k_attempt > 0 and self._ledger_entry(batch_id) is not None:
                 return  # the ledger insert of a previous attempt landed; only its answer was lost
+            if k_attempt == 0:
+                # Announce the batch and its offsets before any chunk: a successor that takes over these
+                # partitions after this writer is gone can find and roll back what a crash left behind.
+                self._insert_ledger(batch_id, len(bounds), n, offsets, state="pending")
             present: dict[str, int] = {}
             if self.mechanism is Mechanism.MARKER and (check_first or k_attempt > 0):
                 present = self._usable_chunks(batch_id, bounds, deleting)

@@ -25,9 +25,12 @@ class JobConfig:
     columns: list[OutputColumn]
 
     @property
-    def writer_id(self) -> str:
-        """Identifies this replica's writes in ClickHouse (ledger and insert tokens)."""
-        return f"{self.namespace}.{self.pipeline}.{self.replica}"
+    def writer_prefix(self) -> str:
+        """Every writer id of this pipeline starts with it (ledger rows, chunk markers, insert tokens).
+
+        A writer is one checkpoint of one replica layout: ``<prefix><i>of<N>-<random>``, chosen when
+        the checkpoint is created and kept next to it (see handover.py)."""
+        return f"{self.namespace}.{self.pipeline}."
 
     def consumer_group(self, source: models.Source) -> str:
         return source.kafka.consumer_group or default_consumer_group(self.namespace, self.pipeline)

@@ -6,7 +6,9 @@ import argparse
 import glob
 import logging
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +64,7 @@ def local_session(app_name: str, conf: dict[str, str]) -> Any:
 
 def run_local(args: argparse.Namespace) -> int:
     from glasspipe_job.config import config_from_resource, load_job_config
-    from glasspipe_job.runner import UnsupportedPipeline, session_conf, start_pipeline
+    from glasspipe_job.runner import UnsupportedPipeline, run_pipeline, session_conf
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -75,19 +77,16 @@ def run_local(args: argparse.Namespace) -> int:
         print(f"{args.file}: cannot read a GlassPipeline from it: {e}", file=sys.stderr)
         return 2
     spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", session_conf(config))
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
     try:
-        running = start_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port)
+        metrics = run_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port,
+                               stop=stop)
     except UnsupportedPipeline as e:
         print(f"glasspipe: {e}", file=sys.stderr)
         return 2
-    try:
-        running.query.awaitTermination()
-    except KeyboardInterrupt:
-        running.query.stop()
-    finally:
-        running.close()
-    t = running.metrics.totals
+    t = metrics.totals
     print(f"glasspipe run: {t.batches} batches; records in {t.records_in}, filtered {t.filtered}, "
           f"duplicates dropped {t.duplicates}, late dropped {t.late}, dead-lettered {t.dead_lettered} "
-          f"{dict(sorted(t.per_reason.items()))}, rows written {t.rows_written}")
+          f"{dict(sorted(t.per_reason.items()))}, rows written {t.rows_written}, warm-up rows {t.warmup}")
     return 0

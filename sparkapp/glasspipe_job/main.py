@@ -10,13 +10,15 @@ from pyspark.sql import SparkSession
 
 from glasspipe.api.validation import SpecInvalid
 from glasspipe_job.config import load_job_config
-from glasspipe_job.runner import UnsupportedPipeline, session_conf, start_pipeline
+from glasspipe_job.runner import UnsupportedPipeline, run_pipeline, session_conf
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glasspipe-job")
     parser.add_argument("--config-json", required=True, help="rendered by the operator (glasspipe.render)")
     parser.add_argument("--metrics-port", type=int, default=9108)
+    parser.add_argument("--local", action="store_true",
+                        help="local Spark with the cached connector + JVM ops jars (e2e/spark_operator_standin.py)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -24,19 +26,21 @@ def main(argv: list[str] | None = None) -> int:
     except SpecInvalid as e:
         print(f"glasspipe: invalid pipeline spec: {e}", file=sys.stderr)
         return 2
-    builder = SparkSession.builder.appName(f"glasspipe-{config.pipeline}-{config.replica}")
-    for k, v in session_conf(config).items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
+    app_name = f"glasspipe-{config.pipeline}-{config.replica}"
+    if args.local:
+        from glasspipe_job.local import local_session
+
+        spark = local_session(app_name, session_conf(config))
+    else:
+        builder = SparkSession.builder.appName(app_name)
+        for k, v in session_conf(config).items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
     try:
-        running = start_pipeline(spark, config, metrics_port=args.metrics_port)
+        run_pipeline(spark, config, metrics_port=args.metrics_port)
     except UnsupportedPipeline as e:
         print(f"glasspipe: {e}", file=sys.stderr)
         return 2
-    try:
-        running.query.awaitTermination()
-    finally:
-        running.close()
     return 0
 
 

@@ -25,6 +25,7 @@ class Totals:
     rows_written: int = 0
     batches: int = 0
     replayed_batches: int = 0
+    warmup: int = 0
     per_reason: dict[str, int] = field(default_factory=dict)
 
 
@@ -66,6 +67,11 @@ class JobMetrics:
                 self.filtered.inc(n_filtered)
                 self.totals.records_in += n_in
                 self.totals.filtered += n_filtered
+                self.totals.warmup += int(row.get("warmup") or 0)
+            elif name.startswith("dedup_"):  # joins: duplicates dropped on one side before the join (join.py)
+                n_dup = int(row.get("duplicates") or 0)
+                self.duplicates.inc(n_dup)
+                self.totals.duplicates += n_dup
         state_rows = 0
         for op in progress.get("stateOperators") or []:
             state_rows += int(op.get("numRowsTotal") or 0)

@@ -26,6 +26,7 @@ STATUS = "_gp_status"
 REASON = "_gp_reason"
 EVENT_TIME = "_gp_event_time"
 DUPLICATE = "_gp_duplicate"
+WARMUP = "_gp_warmup"
 CORRUPT = "_gp_corrupt"
 META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
 
@@ -148,13 +149,26 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
     return df.withColumn(STATUS, status).drop("_gp_json", "_gp_kafka_timestamp")
 
 
+def with_warmup_flag(df: DataFrame, resume: dict[str, dict[int, int]]) -> DataFrame:
+    """Mark rows before the hand-over's resume offset: they rebuild dedup state and are never written
+    (an earlier replica layout wrote them already; see handover.py)."""
+    cond: Column = F.lit(False)
+    for topic, parts in resume.items():
+        for p, off in parts.items():
+            cond = cond | ((F.col("_gp_topic") == topic) & (F.col("_gp_partition") == p) & (F.col("_gp_offset") < off))
+    return df.withColumn(WARMUP, cond)
+
+
 def observe_counts(df: DataFrame, name: str) -> DataFrame:
-    """Per-micro-batch counts of what was read, reported in the query progress (``observedMetrics``)."""
+    """Per-micro-batch counts of what was read, reported in the query progress (``observedMetrics``).
+    Warm-up rows are counted apart: they were counted by the replica that first processed them."""
+    live = ~F.col(WARMUP)
     return df.observe(
         name,
-        F.count(F.lit(1)).alias("records_in"),
-        F.sum(F.when(F.col(STATUS) == "dead", 1).otherwise(0)).alias("dead"),
-        F.sum(F.when(F.col(STATUS) == "filtered", 1).otherwise(0)).alias("filtered"),
+        F.sum(F.when(live, 1).otherwise(0)).alias("records_in"),
+        F.sum(F.when(live & (F.col(STATUS) == "dead"), 1).otherwise(0)).alias("dead"),
+        F.sum(F.when(live & (F.col(STATUS) == "filtered"), 1).otherwise(0)).alias("filtered"),
+        F.sum(F.when(F.col(WARMUP), 1).otherwise(0)).alias("warmup"),
     )
 
 

@@ -63,7 +63,7 @@ class FakeClient:
         self.engine, self.engine_full = engine, engine_full
         self.marker = marker
         self.calls: list[Call] = []
-        self.ledger: list[tuple[str, int, int, int, str]] = []
+        self.ledger: list[tuple[str, int, int, int, str, str]] = []
         self.chunks: dict[str, int] = {}
         self.fail_inserts = list(fail_inserts or [])
 
@@ -82,16 +82,16 @@ class FakeClient:
         if "FROM system.tables" in q:
             return [(self.engine, self.engine_full)]
         if q.startswith("SELECT chunks, rows FROM"):
-            hit = [r for r in self.ledger if r[0] == params["w"] and r[1] == params["b"]]
+            hit = [r for r in self.ledger if r[0] == params["w"] and r[1] == params["b"] and r[5] == "done"]
             return [(hit[0][2], hit[0][3])] if hit else []
         if q.startswith("SELECT batch_id, chunks, rows, offsets"):
-            hit = sorted((r for r in self.ledger if r[0] == params["w"]), key=lambda r: -r[1])
-            return [hit[0][1:]] if hit else []
+            hit = sorted((r for r in self.ledger if r[0] == params["w"] and r[5] == "done"), key=lambda r: -r[1])
+            return [hit[0][1:5]] if hit else []
         if q.startswith(f"SELECT `{MARKER_COLUMN}`, count()"):
             return [(m, n) for m, n in self.chunks.items() if m.startswith(params["p"])]
         if q.startswith("INSERT INTO") and LEDGER_TABLE in q:
-            w, b, c, r, o = (col[0] for col in params)
-            self.ledger.append((w, b, c, r, o))
+            w, b, c, r, o, st = (col[0] for col in params)
+            self.ledger.append((w, b, c, r, o, st))
             return None
         if q.startswith("INSERT INTO"):
             if self.fail_inserts:
@@ -321,7 +321,8 @@ def test_marker_mechanism_chunks_markers_and_ledger() -> None:
     assert inserts[0].query == "INSERT INTO `default`.`t` (`id`, `name`, `_glasspipe_batch`) VALUES"
     assert all("insert_deduplication_token" not in (c.settings or {}) for c in fake.calls)
     assert inserts[-1].settings == {"insert_block_size": 1}
-    assert fake.ledger == [("w0", 7, 3, 7, '{"t":{"0":7}}')]
+    # announced before the chunks (so a successor can roll back an abandoned batch), closed after
+    assert fake.ledger == [("w0", 7, 3, 7, '{"t":{"0":7}}', "pending"), ("w0", 7, 3, 7, '{"t":{"0":7}}', "done")]
     # the first batch of a fresh sink looked for chunks of a crashed predecessor; the next one does not
     res2 = sink.write_batch(8, batch(2), "o8")
     assert res2.rows_written == 2
@@ -337,7 +338,7 @@ def test_replay_of_committed_batch_writes_nothing() -> None:
     before = len(fake.inserts())
     res = make_sink(fake).write_batch(1, batch(4), "o1")
     assert res.skipped_replay and res.rows_written == 0 and res.chunks == 2
-    assert len(fake.inserts()) == before and len(fake.ledger) == 1
+    assert len(fake.inserts()) == before and [r[5] for r in fake.ledger] == ["pending", "done"]
 
 
 def test_chunks_of_crashed_predecessor_are_skipped() -> None:
@@ -455,10 +456,11 @@ def test_token_mechanism_sends_dedup_tokens_and_creates_window() -> None:
         {"insert_block_size": 3, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/0"},
         {"insert_block_size": 2, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/1"},
     ]
-    ledger_insert = next(
-        c for c in fake.calls if c.query.startswith(f"INSERT INTO `default`.`{LEDGER_TABLE}`")
-    )
-    assert ledger_insert.settings == {"insert_deduplicate": 1, "insert_deduplication_token": "w0/9/ledger"}
+    ledger_inserts = [c for c in fake.calls if c.query.startswith(f"INSERT INTO `default`.`{LEDGER_TABLE}`")]
+    assert [c.settings for c in ledger_inserts] == [
+        {"insert_deduplicate": 1, "insert_deduplication_token": "w0/9/ledger-pending"},
+        {"insert_deduplicate": 1, "insert_deduplication_token": "w0/9/ledger-done"},
+    ]
     assert not any(c.query.startswith(f"SELECT `{MARKER_COLUMN}`") for c in fake.calls)
 
 

@@ -1,0 +1,220 @@
+"""Hand-over of partitions between generations of replicas (rescaling), without loss or duplicates.
+
+Each replica layout (replica i of N) has its own Spark checkpoint. When a replica starts, it decides
+from the ClickHouse ledger (what every writer of the pipeline has committed, per partition) whether
+its checkpoint is still the furthest point for its partitions:
+
+* yes: resume the checkpoint (a normal restart; replays are made idempotent by the sink);
+* no (another layout processed its partitions since, e.g. after 2 -> 3 -> 2), or no checkpoint: set
+  the old checkpoint aside and start a new one (a new *writer*):
+  1. roll back batches that a stopped writer announced (``pending``) but never finished, on these
+     partitions: their chunks are removed, so they are written again below, once;
+  2. resume writing at the ledger's furthest offset per partition (else the consumer group's
+     committed offset, else ``startingOffsets``);
+  3. if the source deduplicates, read from ``window + allowedLateness`` before that point, through the
+     dedup operator only (*warm-up*: rows before the resume offset update the state and are not
+     written), so keys whose window is still open stay deduplicated across the rescale.
+The decision is written next to the checkpoint (``glasspipe-handover.json``) so that restarts of the
+new checkpoint replay exactly the same way. docs/scaling.md explains the protocol.
+
+Safety rests on stop-first rescaling: the operator starts a new layout only after every application of
+the old one has stopped, so no writer that is rolled back or superseded is still running.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+log = logging.getLogger("glasspipe.job")
+
+HANDOVER_FILE = "glasspipe-handover.json"
+Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset to read
+
+
+@dataclass(frozen=True)
+class Handover:
+    """How one checkpoint of one replica started: persisted, so that replays are deterministic."""
+
+    writer_id: str
+    resume: Offsets  # rows before these offsets were written by earlier writers
+    read_from: Offsets  # where the query starts reading (<= resume: the warm-up range)
+
+    def to_json(self) -> str:
+        return json.dumps({"writerId": self.writer_id, "resume": self.resume, "readFrom": self.read_from},
+                          sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> Handover:
+        d = json.loads(text)
+
+        def offsets(o: dict[str, dict[str, int]]) -> Offsets:
+            return {t: {int(p): int(v) for p, v in parts.items()} for t, parts in o.items()}
+
+        return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]))
+
+    def warmup_partitions(self) -> Offsets:
+        """Partitions whose query starts before the resume offset (these have warm-up rows)."""
+        return {t: {p: r for p, r in parts.items() if self.read_from.get(t, {}).get(p, r) < r}
+                for t, parts in self.resume.items()}
+
+
+# ------------------------------------------------------------------------------------ pure ledger math
+
+
+def _batch_offsets(offsets_json: str) -> Offsets:
+    """The offsets a ledger row records: a list (one entry per source) of {topic: {partition: offset}}."""
+    try:
+        loaded = json.loads(offsets_json)
+    except ValueError:
+        return {}
+    out: Offsets = {}
+    for entry in loaded if isinstance(loaded, list) else [loaded]:
+        for topic, parts in (entry or {}).items():
+            for p, off in parts.items():
+                out.setdefault(topic, {})[int(p)] = int(off)
+    return out
+
+
+def ledger_progress(rows: list[tuple[str, int, str, str]]) -> Offsets:
+    """Per partition, the furthest end offset of any batch that is done (written completely)."""
+    out: Offsets = {}
+    for _writer, _batch, state, offsets in rows:
+        if state != "done":
+            continue
+        for topic, parts in _batch_offsets(offsets).items():
+            for p, off in parts.items():
+                if off > out.setdefault(topic, {}).get(p, -1):
+                    out[topic][p] = off
+    return out
+
+
+def abandoned_batches(rows: list[tuple[str, int, str, str]], owned: Offsets,
+                      except_writer: str) -> list[tuple[str, int, str]]:
+    """(writer, batch, offsets) announced but neither done nor rolled back, touching owned partitions."""
+    states: dict[tuple[str, int], set[str]] = {}
+    offsets_of: dict[tuple[str, int], str] = {}
+    for writer, batch, state, offsets in rows:
+        states.setdefault((writer, batch), set()).add(state)
+        if state == "pending":
+            offsets_of[(writer, batch)] = offsets
+    out = []
+    for (writer, batch), st in sorted(states.items()):
+        if writer == except_writer or st & {"done", "rolledback"} or "pending" not in st:
+            continue
+        touched = _batch_offsets(offsets_of[(writer, batch)])
+        if any(p in owned.get(t, {}) for t, parts in touched.items() for p in parts):
+            out.append((writer, batch, offsets_of[(writer, batch)]))
+    return out
+
+
+def is_superseded(planned: Offsets, progress: Offsets) -> bool:
+    """True when the ledger has gone past what this checkpoint planned on one of its partitions."""
+    return any(progress.get(t, {}).get(p, -1) > off for t, parts in planned.items() for p, off in parts.items())
+
+
+# ------------------------------------------------------------------------------- checkpoint files
+
+
+class CheckpointFiles:
+    """Small files next to a Spark checkpoint, through Hadoop's FileSystem (file://, s3a://, hdfs://)."""
+
+    def __init__(self, spark: Any, root: str) -> None:
+        self.jvm = spark.sparkContext._jvm
+        self.conf = spark.sparkContext._jsc.hadoopConfiguration()
+        self.root = root.rstrip("/")
+
+    def _path(self, rel: str) -> Any:
+        return self.jvm.org.apache.hadoop.fs.Path(f"{self.root}/{rel}" if rel else self.root)
+
+    def _fs(self, path: Any) -> Any:
+        return path.getFileSystem(self.conf)
+
+    def exists(self, rel: str = "") -> bool:
+        path = self._path(rel)
+        return bool(self._fs(path).exists(path))
+
+    def read(self, rel: str) -> str:
+        path = self._path(rel)
+        stream = self._fs(path).open(path)
+        try:
+            return str(self.jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8"))
+        finally:
+            stream.close()
+
+    def write(self, rel: str, text: str) -> None:
+        path = self._path(rel)
+        out = self._fs(path).create(path, True)
+        try:
+            out.write(bytearray(text.encode()))
+        finally:
+            out.close()
+
+    def latest_planned(self) -> Offsets | None:
+        """End offsets of the newest batch in Spark's offset log (one dict merged over sources)."""
+        path = self._path("offsets")
+        fs = self._fs(path)
+        if not fs.exists(path):
+            return None
+        batches = [int(s.getPath().getName()) for s in fs.listStatus(path) if s.getPath().getName().isdigit()]
+        if not batches:
+            return None
+        lines = self.read(f"offsets/{max(batches)}").splitlines()[2:]
+        return _batch_offsets(json.dumps([json.loads(line) for line in lines if line and line != "-"]))
+
+    def set_aside(self) -> str:
+        """Rename the checkpoint folder out of the way (kept for inspection, never reused)."""
+        src = self._path("")
+        fs = self._fs(src)
+        n = 0
+        while fs.exists(self.jvm.org.apache.hadoop.fs.Path(f"{self.root}.superseded-{n}")):
+            n += 1
+        dst = f"{self.root}.superseded-{n}"
+        fs.rename(src, self.jvm.org.apache.hadoop.fs.Path(dst))
+        return dst
+
+
+# ------------------------------------------------------------------------------------- the decision
+
+
+def warmup_start(client_conf: dict[str, str], resume: Offsets, lookback_ms: int) -> Offsets:
+    """Per partition, the first offset whose record timestamp is within ``lookback_ms`` before the
+    record just before ``resume`` (Kafka's time index): where the dedup state's warm-up begins."""
+    consumer = Consumer({**client_conf, "group.id": f"glasspipe-warmup-{uuid.uuid4().hex[:8]}",
+                         "enable.auto.commit": "false"})
+    try:
+        out: Offsets = {}
+        for topic, parts in resume.items():
+            for p, off in parts.items():
+                out.setdefault(topic, {})[p] = off
+                if off <= 0:
+                    continue
+                consumer.assign([TopicPartition(topic, p, off - 1)])
+                msg = None
+                for _ in range(50):
+                    msg = consumer.poll(0.2)
+                    if msg is not None and msg.error() is None:
+                        break
+                if msg is None or msg.error() is not None:
+                    raise RuntimeError(f"cannot read {topic}[{p}] at offset {off - 1} to plan the dedup warm-up")
+                ts = msg.timestamp()[1]
+                found = consumer.offsets_for_times([TopicPartition(topic, p, max(ts - lookback_ms, 0))],
+                                                   timeout=30)[0]
+                out[topic][p] = off if found.offset < 0 else min(found.offset, off)
+        return out
+    finally:
+        consumer.close()
+
+
+def new_writer_id(prefix: str, replica: int, replicas: int) -> str:
+    return f"{prefix}{replica}of{replicas}-{uuid.uuid4().hex[:8]}"
+
+
+def starting_offsets_json(offsets: Offsets) -> str:
+    return json.dumps({t: {str(p): o for p, o in sorted(parts.items())} for t, parts in offsets.items()},
+                      sort_keys=True)

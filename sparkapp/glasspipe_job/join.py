@@ -1,0 +1,141 @@
+"""Temporal join of two Kafka sources: each side parsed, checked, filtered and deduplicated as a
+single source is, then joined by key within an event-time window (Spark's stream-stream join).
+
+The plan, per micro-batch (one query, both topics in one offset log):
+
+    orders: Kafka -> parse/check --(ok)--> watermark -> dedup (JVM) -> [dup counted, dropped] --+
+                              \\--(dead)--------------------------------------------------+     |
+                                                                                          |   join --+
+    users:  Kafka -> parse/check --(ok)--> watermark -> dedup (JVM) -> [dup counted, dropped] --+     |
+                              \\--(dead)----------------------------------------------+   |          |
+                                                                                      union <-------+
+                                                                                        |
+                                                                               select_output -> BatchWriter
+
+- A record matches every record of the other side with the same key(s) whose event time lies within
+  ``join.window`` of its own: ``|t_left - t_right| <= window`` (both directions, so arrival order
+  does not matter).
+- The joined row holds each side's fields in a struct column named after its source, so the output
+  columns' SQL (``\\`orders\\`.\\`user_id\\```, from glasspipe.api.validation.resolve_columns) reads
+  them as struct fields; dead rows carry NULL structs and their original Kafka coordinates.
+- Dead rows branch off before any stateful operator, so the Kafka batch of a side is read twice (a
+  cheap stateless re-read) rather than running a stateful operator twice. Duplicates are counted by
+  an ``observe`` (``dedup_<source>``) on the dedup output and dropped before the join.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from glasspipe.api import models
+from glasspipe.api.durations import parse_duration_ms
+from glasspipe_job.batch_writer import select_output
+from glasspipe_job.config import JobConfig
+from glasspipe_job.transform import (
+    DUPLICATE,
+    EVENT_TIME,
+    META_COLUMNS,
+    REASON,
+    STATUS,
+    WARMUP,
+    deduplicate,
+    observe_counts,
+    spark_type,
+    with_dead_flag,
+)
+
+DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
+_META_TYPES = {"_gp_topic": "string", "_gp_partition": "int", "_gp_offset": "long", "_gp_value": "binary"}
+
+
+def join_sides(config: JobConfig) -> tuple[models.Source, models.Source]:
+    """(left, right) sources. Spark's offset log lists the join's sources in this order (left first),
+    so consumer groups must be handed to BatchWriter in it."""
+    join = config.spec.join
+    assert join is not None
+    return config.spec.source(join.left.source), config.spec.source(join.right.source)
+
+
+def source_struct_type(source: models.Source) -> T.StructType:
+    return T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in source.schema_.fields])
+
+
+def _interval(ms: int) -> Column:
+    return F.expr(f"INTERVAL '{ms // 1000}.{ms % 1000:03d}' SECOND")
+
+
+def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str]) -> DataFrame:
+    """ok rows -> watermark -> dedup; duplicates counted (observe) and dropped; fields packed in a struct."""
+    side = observe_counts(checked, "input_" + source.name).where(F.col(STATUS) == "ok")
+    side = deduplicate(with_dead_flag(side), source)  # withWatermark(EVENT_TIME) inside; dedup re-emits it
+    if source.deduplication is not None:
+        side = side.observe(DEDUP_OBSERVATION + source.name,
+                            F.sum(F.when(F.col(DUPLICATE), 1).otherwise(0)).alias("duplicates"))
+        side = side.where(~F.col(DUPLICATE))
+    return side.select(
+        *[F.col(k).alias(f"_gp_k{i}") for i, k in enumerate(keys)],
+        F.col(EVENT_TIME),
+        F.col(WARMUP),
+        F.struct(*[F.col(f.name) for f in source.schema_.fields]).alias(source.name),
+    )
+
+
+def _dead_side(checked: DataFrame, source: models.Source, other: models.Source) -> DataFrame:
+    """This side's dead rows in the joined row's shape: NULL structs, original Kafka coordinates."""
+    return checked.where(F.col(STATUS) == "dead").select(
+        F.lit(None).cast(source_struct_type(source)).alias(source.name),
+        F.lit(None).cast(source_struct_type(other)).alias(other.name),
+        *META_COLUMNS, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP,
+    )
+
+
+def check_runnable(config: JobConfig, partition_counts: Mapping[str, int]) -> None:
+    """Raise UnsupportedPipeline for joins this job cannot run correctly."""
+    from glasspipe_job.runner import UnsupportedPipeline
+
+    left, right = join_sides(config)
+    if left.kafka.topic == right.kafka.topic:
+        raise UnsupportedPipeline(f"spec.join: sources {left.name} and {right.name} read the same topic "
+                                  f"{left.kafka.topic}; a join needs two topics")
+    nl, nr = partition_counts[left.name], partition_counts[right.name]
+    if config.replicas > 1 and nl != nr:
+        raise UnsupportedPipeline(
+            f"spec.join with spec.replicas > 1: replica i joins partitions p mod {config.replicas} == i of both "
+            f"topics, so {left.kafka.topic} ({nl} partitions) and {right.kafka.topic} ({nr}) need the same "
+            "partition count and must both be keyed by the join key; or set spec.replicas: 1")
+
+
+def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
+                      partition_counts: Mapping[str, int]) -> DataFrame:
+    """The joined stream with the columns BatchWriter expects (select_output).
+
+    ``parsed[source.name]`` is that source's stream after ``parse_and_check`` and ``with_warmup_flag``
+    (stateless); everything stateful happens here, once per source. ``partition_counts``: partitions
+    of each source's topic (checked for co-partitioning when there are several replicas).
+    """
+    join = config.spec.join
+    assert join is not None
+    check_runnable(config, partition_counts)
+    left, right = join_sides(config)
+    lk = _kept_side(parsed[left.name], left, join.left.keys).alias("l")
+    rk = _kept_side(parsed[right.name], right, join.right.keys).alias("r")
+    window = _interval(parse_duration_ms(join.window))
+    lt, rt = F.col(f"l.{EVENT_TIME}"), F.col(f"r.{EVENT_TIME}")
+    cond = (rt >= lt - window) & (rt <= lt + window)
+    for i in range(len(join.left.keys)):
+        cond = (F.col(f"l._gp_k{i}") == F.col(f"r._gp_k{i}")) & cond
+    joined = lk.join(rk, cond, "inner" if join.type == "inner" else "leftouter").select(
+        F.col(f"l.{left.name}").alias(left.name),
+        F.col(f"r.{right.name}").alias(right.name),
+        *[F.lit(None).cast(_META_TYPES[c]).alias(c) for c in META_COLUMNS],
+        F.lit("ok").alias(STATUS), F.lit(None).cast("string").alias(REASON), F.lit(False).alias(DUPLICATE),
+        # rows rebuilt from warm-up on both sides were written by the previous replica layout
+        (F.col(f"l.{WARMUP}") & F.coalesce(F.col(f"r.{WARMUP}"), F.lit(False))).alias(WARMUP),
+    )
+    rows = (joined.unionByName(_dead_side(parsed[left.name], left, right))
+            .unionByName(_dead_side(parsed[right.name], right, left)))
+    return select_output(rows, config)

@@ -1,0 +1,161 @@
+"""Parallel replicas on one consumer group, and rescaling without loss or duplicates (real servers;
+each replica is its own `glasspipe run` process, as each would be its own SparkApplication)."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce, start_continuous, write_pipeline
+from glasspipe_dev.process import ServerProcess
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar", "spark_jars")]
+T0 = datetime(2026, 11, 2, 9, 0, tzinfo=UTC)
+PARTITIONS = 6
+
+
+class Stream:
+    """A keyed SMS stream on a 6-partition topic with a pipeline, and what ClickHouse should end with."""
+
+    def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.kafka, self.ch, self.tmp = kafka, ch, tmp_path
+        self.name, self.topic, self.table = f"rep-{suffix}", f"rep-{suffix}", f"rep_{suffix}"
+        kafka.create_topic(self.topic, PARTITIONS)
+        kafka.create_topic(f"{self.topic}-dlq", 1)
+        doc = load_example("sms-dedup.yaml")
+        doc["metadata"]["name"] = self.name
+        spec = doc["spec"]
+        spec["sources"][0]["kafka"]["topic"] = self.topic
+        spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = 3000
+        spec["sink"]["clickhouse"]["table"] = self.table
+        spec["sink"]["clickhouse"]["batching"] = {"maxRows": 5000, "maxDelay": "500ms"}
+        spec["deadLetter"]["topic"] = f"{self.topic}-dlq"
+        self.path = write_pipeline(doc, tmp_path)
+        self.checkpoint = tmp_path / "ckpt"
+        self.firsts: dict[str, str] = {}  # sms_id -> status of its first occurrence
+        self.rng = random.Random(11)
+        self.clock = 0  # ms of event time, increasing
+
+    def produce(self, new: int, repeats: int) -> None:
+        """``new`` fresh keys, then ``repeats`` repeats of random known keys a few seconds later."""
+        records = []
+        for _ in range(new):
+            sms_id = f"k-{len(self.firsts):07d}"
+            self.clock += 5
+            status = f"first-{self.rng.randrange(1000)}"
+            self.firsts[sms_id] = status
+            records.append(self._sms(sms_id, status, self.clock))
+        known = list(self.firsts)
+        for _ in range(repeats):
+            self.clock += 1
+            records.append(self._sms(self.rng.choice(known), "repeat", self.clock))
+        produce(self.kafka.bootstrap, self.topic, records)
+
+    def _sms(self, sms_id: str, status: str, ms: int) -> tuple[bytes, bytes]:
+        doc = {"sms_id": sms_id, "status": status, "phone": "+1", "meta": {"provider": "p"},
+               "sent_at": (T0 + timedelta(milliseconds=ms)).isoformat()}
+        return sms_id.encode(), dumps(doc)
+
+    def start(self, replicas: int, replica: int) -> ServerProcess:
+        return start_continuous(self.path, self.kafka.bootstrap, f"127.0.0.1:{self.ch.port}", self.checkpoint,
+                                self.tmp / f"r{replica}of{replicas}.log", "--replica", str(replica),
+                                "--replicas", str(replicas))
+
+    def lag(self) -> int:
+        return sum(max(0, end - max(c, 0)) for c, end in group_lag(self.kafka.bootstrap,
+                                                                   f"glasspipe.default.{self.name}",
+                                                                   self.topic).values())
+
+    def wait_drained(self, jobs: list[ServerProcess], timeout: float = 300) -> float:
+        """Until the group's lag is 0 (every replica committed up to the end): returns seconds waited."""
+        start = time.monotonic()
+        while time.monotonic() - start < timeout:
+            for job in jobs:
+                assert job.alive(), f"a replica died:\n{job.log_tail(80)}"
+            if self.lag() == 0:
+                return time.monotonic() - start
+            time.sleep(0.5)
+        raise AssertionError(f"lag still {self.lag()} after {timeout} s:\n" + "\n".join(j.log_tail(30) for j in jobs))
+
+    def assert_exact(self) -> None:
+        rows = self.ch.client().execute(f"SELECT sms_id, status FROM {self.table}")
+        got: dict[str, list[str]] = {}
+        for sms_id, status in rows:
+            got.setdefault(sms_id, []).append(status)
+        doubled = {k: v for k, v in got.items() if len(v) > 1}
+        missing = set(self.firsts) - set(got)
+        wrong = {k: v for k, v in got.items() if k in self.firsts and v[0] != self.firsts[k]}
+        assert not doubled and not missing and not wrong and len(got) == len(self.firsts), (
+            f"{len(rows)} rows for {len(self.firsts)} keys; doubled {list(doubled.items())[:5]}, "
+            f"missing {sorted(missing)[:5]}, not the first payload {list(wrong.items())[:5]}")
+
+
+def stop_all(jobs: list[ServerProcess]) -> None:
+    for job in jobs:
+        job.stop(timeout=60)
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+def test_replicas_share_the_topic_and_group(replicas: int, tmp_path: Path, kafka: KafkaServer,
+                                            clickhouse: ClickHouseServer) -> None:
+    s = Stream(tmp_path, kafka, clickhouse)
+    s.produce(new=8_000, repeats=2_000)
+    jobs = [s.start(replicas, i) for i in range(replicas)]
+    try:
+        waited = s.wait_drained(jobs)
+    finally:
+        stop_all(jobs)
+    print(f"{replicas} replicas drained 10000 events in {waited:.1f} s (incl. Spark start-up)")
+    s.assert_exact()
+    assert s.lag() == 0
+    logs = [(tmp_path / f"r{i}of{replicas}.log").read_text() for i in range(replicas)]
+    owned = [sorted(int(p) for p in range(PARTITIONS) if p % replicas == i) for i in range(replicas)]
+    for i, log in enumerate(logs):  # each replica read exactly its own partitions
+        assert f"partitions {owned[i]}" in log, log[-2000:]
+
+
+def test_rescale_1_3_2_with_a_replica_killed_during_the_rescale(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    s = Stream(tmp_path, kafka, clickhouse)
+    timings: dict[str, Any] = {}
+    # 1 replica
+    s.produce(new=6_000, repeats=1_000)
+    jobs = [s.start(1, 0)]
+    s.wait_drained(jobs)
+    s.produce(new=2_000, repeats=2_000)  # repeats of keys written by replica 0 of 1
+    time.sleep(1.0)
+    stop_all(jobs)  # stop-first, possibly mid-batch
+    # 3 replicas: they take over where the ledger says, and rebuild dedup state from the window
+    started = time.monotonic()
+    jobs = [s.start(3, i) for i in range(3)]
+    s.produce(new=2_000, repeats=3_000)
+    time.sleep(random.Random(3).uniform(8, 15))
+    jobs[1].kill()  # a replica SIGKILLed during the rescale ...
+    jobs[1] = s.start(3, 1)  # ... and restarted (spark-operator's restartPolicy: Always)
+    s.wait_drained(jobs)
+    timings["1->3 drained"] = time.monotonic() - started
+    s.produce(new=1_000, repeats=2_000)
+    time.sleep(1.0)
+    stop_all(jobs)
+    # 2 replicas: replica 0 of 2 and 1 of 2 take partitions from all three
+    started = time.monotonic()
+    jobs = [s.start(2, i) for i in range(2)]
+    s.produce(new=1_000, repeats=3_000)
+    s.wait_drained(jobs)
+    timings["3->2 drained"] = time.monotonic() - started
+    stop_all(jobs)
+    print("rescale timings (s):", {k: round(v, 1) for k, v in timings.items()})
+    s.assert_exact()
+    warmups = [line for f in tmp_path.glob("r*of*.log") for line in f.read_text().splitlines()
+               if "new checkpoint" in line]
+    assert any("read from" in w for w in warmups)
