@@ -75,7 +75,7 @@ SID_DIR="$GLASSPIPE_CACHE/apt-sid"
 sid_apt() {
   local cmd="$1"
   shift
-  "$cmd" -o APT::Sandbox::User=root \
+  "$cmd" -o APT::Sandbox::User=root -o Acquire::Languages=none \
     -o Dir::State::status="$SID_DIR/status" \
     -o Dir::Etc::SourceList="$SID_DIR/sid.sources" -o Dir::Etc::SourceParts="$SID_DIR/parts" \
     -o Dir::Etc::Preferences=/dev/null -o Dir::Etc::PreferencesParts="$SID_DIR/parts" \
@@ -110,7 +110,8 @@ sid_binary() {
   fi
   sid_update
   local ver
-  ver="$(sid_apt apt-cache show "$pkg" | awk '$1 == "Version:" {print $2; exit}')"
+  # awk reads to the end: exiting early would SIGPIPE apt-cache and fail the pipeline (pipefail).
+  ver="$(sid_apt apt-cache show "$pkg" | awk '$1 == "Version:" && !v {v = $2} END {print v}')"
   if [ -z "$ver" ]; then
     gp_log "ERROR: Debian sid has no package $pkg"
     exit 1
@@ -121,8 +122,8 @@ sid_binary() {
   esac
   gp_log "$pkg: apt-get download $pkg=$ver + dpkg-deb -x"
   (cd "$SID_DIR/debs" && sid_apt apt-get -qq download "$pkg=$ver")
-  local deb dest="$GLASSPIPE_CACHE/kube/$pkg-${ver#*:}"
-  deb="$(ls "$SID_DIR/debs/${pkg}_"*.deb | head -n1)"
+  local debs=("$SID_DIR/debs/${pkg}_"*.deb) dest="$GLASSPIPE_CACHE/kube/$pkg-${ver#*:}"
+  local deb="${debs[0]}"
   rm -rf "$dest.tmp"
   mkdir -p "$dest.tmp"
   dpkg-deb -x "$deb" "$dest.tmp"
@@ -136,6 +137,9 @@ sid_binary() {
 
 main() {
   local start=$SECONDS
+  # One install at a time: a second concurrent run waits, then finds everything cached.
+  exec 9>"$GLASSPIPE_CACHE/.kube-install.lock"
+  flock 9
   sid_binary etcd-server "$ETCD_SERIES" etcd
   sid_binary kubectl "$KUBECTL_SERIES" kubectl
   build_apiserver

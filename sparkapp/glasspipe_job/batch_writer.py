@@ -129,6 +129,7 @@ class BatchWriter:
             except RuntimeError as e:  # offsets are also in the checkpoint: the next batch commits again
                 log.warning("%s", e)
         m = self.metrics
+        self._check_key_partitioning(df)
         m.dead_lettered.inc(dead.num_rows)
         m.duplicates.inc(duplicates)
         m.rows_written.inc(result.rows_written)
@@ -142,6 +143,17 @@ class BatchWriter:
         log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %.2f s", batch_id,
                  result.rows_written, duplicates, dead.num_rows, " (replay: already committed)"
                  if result.skipped_replay else "", time.monotonic() - started)
+
+    def _check_key_partitioning(self, df: DataFrame) -> None:
+        from glasspipe_job.jvm import keys_in_two_partitions
+
+        seen = keys_in_two_partitions(df.sparkSession)
+        if seen > self.metrics.totals.keys_in_two_partitions:
+            log.warning("%d key(s) so far were seen again in another Kafka partition within their window: "
+                        "deduplication is only exact when producers key the topic by the deduplication key",
+                        seen)
+        self.metrics.totals.keys_in_two_partitions = seen
+        self.metrics.keys_in_two_partitions.set(seen)
 
 
 def select_output(df: DataFrame, config: JobConfig) -> DataFrame:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame
 
@@ -70,6 +71,8 @@ def deduplicate_within_window(
     window_seconds: float,
     flag_col: str | None = None,
     passthrough_col: str | None = None,
+    partition_col: str | None = None,
+    offset_col: str | None = None,
 ) -> DataFrame:
     """Event-time dedup: the first row of a key wins; later rows of that key whose event time is
     before first + window are dropped; after the window the key is accepted again (new window).
@@ -80,7 +83,10 @@ def deduplicate_within_window(
     and carries the watermark on ``event_time_col``. With ``flag_col`` set, dropped rows are
     emitted too, with ``flag_col`` = true, so the caller can count duplicates per micro-batch and
     filter them out; without it only kept rows are returned. Rows where the boolean
-    ``passthrough_col`` is true bypass the state and come out as kept (dead letters).
+    ``passthrough_col`` is true bypass the state and come out as kept (dead letters). With
+    ``partition_col`` (the Kafka partition), a key seen again in another partition within its window
+    is counted: see ``keys_in_two_partitions``; with ``offset_col`` too, ties in event time are broken
+    by (partition, offset), so a replayed batch keeps the same rows.
     """
     if not keys:
         raise ValueError("deduplicate_within_window needs at least one key column")
@@ -92,10 +98,20 @@ def deduplicate_within_window(
     assert jvm is not None
     try:
         entry = jvm.io.glasspipe.spark.WindowDedup
-        jdf = entry.deduplicate(df._jdf, list(keys), event_time_col, window_ms, flag_col, passthrough_col)
+        jdf = entry.deduplicate(df._jdf, list(keys), event_time_col, window_ms, flag_col, passthrough_col,
+                                partition_col, offset_col)
     except TypeError as exc:  # py4j: the class is not on the JVM classpath (JavaPackage not callable)
         raise RuntimeError(
             f"{JVM_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
             f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
         ) from exc
     return DataFrame(jdf, spark)
+
+
+def keys_in_two_partitions(spark: Any) -> int:
+    """How many times this driver saw a key again in another Kafka partition within its window."""
+    jvm = spark.sparkContext._jvm
+    try:
+        return int(jvm.io.glasspipe.spark.WindowDedup.keysInTwoPartitions())
+    except TypeError:  # the jar is not loaded: no dedup ran
+        return 0

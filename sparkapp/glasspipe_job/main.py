@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
 
 from pyspark.sql import SparkSession
 
@@ -36,8 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in session_conf(config).items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # driver pod deleted: stop between micro-batches
     try:
-        run_pipeline(spark, config, metrics_port=args.metrics_port)
+        run_pipeline(spark, config, metrics_port=args.metrics_port, stop=stop)
     except UnsupportedPipeline as e:
         print(f"glasspipe: {e}", file=sys.stderr)
         return 2

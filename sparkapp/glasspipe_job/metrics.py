@@ -26,6 +26,7 @@ class Totals:
     batches: int = 0
     replayed_batches: int = 0
     warmup: int = 0
+    keys_in_two_partitions: int = 0
     per_reason: dict[str, int] = field(default_factory=dict)
 
 
@@ -51,6 +52,10 @@ class JobMetrics:
                                        registry=self.registry).labels(**labels)
         self.state_rows = gauge("glasspipe_state_rows", "Rows in the streaming state store")
         self.lag = gauge("glasspipe_consumer_lag", "Records behind the newest offsets, summed over partitions")
+        self.keys_in_two_partitions = gauge(
+            "glasspipe_keys_in_two_partitions",
+            "Keys seen again in another Kafka partition within their window: dedup is only exact when the "
+            "topic is partitioned by the key")
         self.totals = Totals()
 
     def serve(self, port: int) -> None:
@@ -103,6 +108,15 @@ def offsets_behind(end: Any, latest: Any) -> int:
         for p, off in parts.items():
             total += max(0, int(off) - int(end_d.get(topic, {}).get(p, off)))
     return total
+
+
+def drain_listener_events(spark: Any, timeout_ms: int = 30_000) -> None:
+    """Wait until Spark delivered every queued query event to the listeners (they run asynchronously):
+    the last micro-batch's progress can otherwise arrive after a finished run printed its totals."""
+    try:
+        spark.sparkContext._jsc.sc().listenerBus().waitUntilEmpty(timeout_ms)
+    except Exception:  # best effort: totals may then miss the last batch's observed counts
+        log.warning("could not wait for the listener bus to drain", exc_info=True)
 
 
 class ProgressListener(StreamingQueryListener):

@@ -182,7 +182,8 @@ def deduplicate(df: DataFrame, source: models.Source) -> DataFrame:
 
     window_s = parse_duration_ms(source.deduplication.window) / 1000
     return deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
-                                     flag_col=DUPLICATE, passthrough_col="_gp_dead")
+                                     flag_col=DUPLICATE, passthrough_col="_gp_dead",
+                                     partition_col="_gp_partition", offset_col="_gp_offset")
 
 
 def with_dead_flag(df: DataFrame) -> DataFrame:

@@ -217,3 +217,15 @@ def test_clickhouse_down_for_30s_mid_run(tmp_path: Path, kafka: KafkaServer, cli
             clickhouse.start()
     rows, distinct = clickhouse.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
     assert (rows, distinct) == (uniques, uniques)
+
+
+def test_a_key_in_two_partitions_is_reported(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2)
+    first = [sms("x", "first", T0), sms("y", "first", T0)]
+    again = [sms("x", "again", T0 + timedelta(seconds=5))]
+    produce(kafka.bootstrap, topic, first, partition_of=lambda _k: 0)
+    produce(kafka.bootstrap, topic, again, partition_of=lambda _k: 1)  # a producer that does not key by sms_id
+    summary = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "keys in two partitions 1" in summary, summary
+    assert clickhouse.client().execute(f"SELECT sms_id, status FROM {table} ORDER BY sms_id") == [
+        ("x", "first"), ("y", "first")]

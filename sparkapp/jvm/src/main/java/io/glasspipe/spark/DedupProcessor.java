@@ -17,6 +17,8 @@ import org.apache.spark.sql.streaming.TTLConfig;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.streaming.TimerValues;
 import org.apache.spark.sql.streaming.ValueState;
+import org.apache.spark.util.LongAccumulator;
+import scala.Tuple2;
 import scala.collection.Iterator;
 import scala.jdk.javaapi.CollectionConverters;
 
@@ -28,8 +30,12 @@ import scala.jdk.javaapi.CollectionConverters;
  * after that has an event time at or above the watermark (older rows are dropped as late by
  * Spark), so it lies outside the old window and accepting it is correct.
  *
- * <p>Within one micro-batch the rows of a key are taken in event-time order (ties keep input
- * order), so a replayed micro-batch with the same rows gives the same result.
+ * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and
+ * offset), so a replayed micro-batch with the same rows gives the same result.
+ *
+ * <p>The state also keeps the Kafka partition of the first occurrence: a key seen again in another
+ * partition within its window is counted in {@code keysInTwoPartitions}, because deduplication is
+ * only exact when the topic is partitioned by the key (each partition is owned by one replica).
  */
 public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
@@ -38,18 +44,33 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private final long windowMs;
   private final boolean emitDropped;
   private final int passthroughIndex;
-  private transient ValueState<Long> firstSeenMs;
+  private final int partitionIndex;
+  private final int offsetIndex;
+  private final LongAccumulator keysInTwoPartitions;
+  private transient ValueState<Tuple2<Long, Integer>> firstSeen;
 
   /**
    * @param passthroughIndex index of a boolean column; rows where it is true (e.g. records bound
    *     for the dead-letter topic) are emitted as kept without reading or changing any state. -1:
    *     no such column.
    */
-  public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex) {
+  public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
+      int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
     this.passthroughIndex = passthroughIndex;
+    this.partitionIndex = partitionIndex;
+    this.offsetIndex = offsetIndex;
+    this.keysInTwoPartitions = keysInTwoPartitions;
+  }
+
+  private long offsetOf(Row row) {
+    return offsetIndex >= 0 && !row.isNullAt(offsetIndex) ? row.getLong(offsetIndex) : 0L;
+  }
+
+  private int partitionOf(Row row) {
+    return partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
   }
 
   private boolean passesThrough(Row row) {
@@ -58,7 +79,8 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
-    firstSeenMs = getHandle().getValueState("firstSeenMs", Encoders.LONG(), TTLConfig.NONE());
+    firstSeen = getHandle().getValueState(
+        "firstSeen", Encoders.tuple(Encoders.LONG(), Encoders.INT()), TTLConfig.NONE());
   }
 
   private long eventMs(Row row) {
@@ -98,17 +120,28 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
       return CollectionConverters.asScala(out.iterator());
     }
     if (batch.size() > 1) {
-      batch.sort(Comparator.comparingLong(this::eventMs)); // List.sort is stable
+      // Event time first; ties by Kafka partition and offset, so a replayed batch (whose rows may
+      // arrive in another order after the shuffle) keeps exactly the same rows.
+      batch.sort(Comparator.comparingLong(this::eventMs)
+          .thenComparingInt(this::partitionOf)
+          .thenComparingLong(this::offsetOf));
     }
-    boolean exists = firstSeenMs.exists();
-    long first = exists ? firstSeenMs.get() : Long.MIN_VALUE;
+    Tuple2<Long, Integer> stored = firstSeen.get(); // null when absent: one RocksDB read
+    boolean exists = stored != null;
+    long first = exists ? stored._1() : Long.MIN_VALUE;
+    int firstPartition = exists ? stored._2() : -1;
     long oldFirst = first;
     boolean hadState = exists;
     for (Row row : batch) {
       long t = eventMs(row);
       boolean duplicate = exists && t != Long.MIN_VALUE && t < first + windowMs;
+      int partition = partitionOf(row);
+      if (exists && duplicate && partition != firstPartition && keysInTwoPartitions != null) {
+        keysInTwoPartitions.add(1L);
+      }
       if (!duplicate && t != Long.MIN_VALUE) {
         first = t;
+        firstPartition = partition;
         exists = true;
       }
       if (emitDropped) {
@@ -121,7 +154,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
       if (hadState) {
         getHandle().deleteTimer(oldFirst + windowMs);
       }
-      firstSeenMs.update(first);
+      firstSeen.update(new Tuple2<>(first, firstPartition));
       getHandle().registerTimer(first + windowMs);
     }
     return CollectionConverters.asScala(out.iterator());
@@ -130,9 +163,9 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   @Override
   public Iterator<Row> handleExpiredTimer(
       Row key, TimerValues timerValues, ExpiredTimerInfo expiredTimerInfo) {
-    if (firstSeenMs.exists()
-        && firstSeenMs.get() + windowMs <= expiredTimerInfo.getExpiryTimeInMs()) {
-      firstSeenMs.clear();
+    Tuple2<Long, Integer> stored = firstSeen.get();
+    if (stored != null && stored._1() + windowMs <= expiredTimerInfo.getExpiryTimeInMs()) {
+      firstSeen.clear();
     }
     return CollectionConverters.asScala(Collections.<Row>emptyIterator());
   }

@@ -13,6 +13,7 @@ import org.apache.spark.sql.streaming.OutputMode;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.LongAccumulator;
 
 /**
  * Entry point called from PySpark (py4j): event-time deduplication within a window, done by a
@@ -24,6 +25,15 @@ import org.apache.spark.sql.types.StructType;
  */
 public final class WindowDedup {
   private WindowDedup() {}
+
+  /** Counts keys seen in a second Kafka partition within their window (driver-side total). */
+  private static volatile LongAccumulator keysInTwoPartitions;
+
+  /** Keys seen in two partitions so far in this driver (0 before any deduplicate call). */
+  public static long keysInTwoPartitions() {
+    LongAccumulator acc = keysInTwoPartitions;
+    return acc == null ? 0L : acc.value();
+  }
 
   /**
    * Deduplicates {@code df} (which must already carry a watermark on {@code eventTimeCol}).
@@ -37,10 +47,14 @@ public final class WindowDedup {
    *     if null only kept rows are emitted, with the input schema unchanged
    * @param passthroughCol if non-null, a boolean column: rows where it is true bypass the state
    *     and are emitted as kept (records the caller routes elsewhere, e.g. dead letters)
+   * @param partitionCol if non-null, an INT column with the Kafka partition: a key seen again in
+   *     another partition within its window is counted ({@link #keysInTwoPartitions()})
+   * @param offsetCol if non-null, a BIGINT column with the Kafka offset: with the partition, it breaks
+   *     ties in event time so that replays keep the same rows
    */
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String passthroughCol) {
+      String passthroughCol, String partitionCol, String offsetCol) {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
@@ -75,7 +89,14 @@ public final class WindowDedup {
         throw new IllegalArgumentException("passthrough column " + passthroughCol + " must be BOOLEAN");
       }
     }
-    DedupProcessor processor = new DedupProcessor(etIndex, windowMs, flagCol != null, passthroughIndex);
+    int partitionIndex = partitionCol == null ? -1 : schema.fieldIndex(partitionCol);
+    int offsetIndex = offsetCol == null ? -1 : schema.fieldIndex(offsetCol);
+    if (keysInTwoPartitions == null) {
+      keysInTwoPartitions = df.sparkSession().sparkContext().longAccumulator("glasspipe.keysInTwoPartitions");
+    }
+    DedupProcessor processor = new DedupProcessor(
+        etIndex, windowMs, flagCol != null, passthroughIndex, partitionIndex, offsetIndex,
+        keysInTwoPartitions);
     return df.groupBy(keyCols)
         .as(Encoders.row(keySchema), Encoders.row(schema))
         .transformWithState(processor, eventTimeCol, OutputMode.Append(), Encoders.row(outSchema));

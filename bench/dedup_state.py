@@ -1,0 +1,213 @@
+"""Measures event-time dedup on local Spark: throughput and small-batch latency vs live keys in state.
+
+Compares glasspipe's JVM transformWithState operator (``--impl jvm``) with Spark's
+``dropDuplicatesWithinWatermark`` (``--impl dropdup``), both on the RocksDB state store with
+changelog checkpointing. Input is a parquet file source read one file per micro-batch
+(maxFilesPerTrigger=1) into a ``noop`` sink, so the figures are the dedup operator plus Spark's
+micro-batch overhead, with no Kafka or ClickHouse.
+
+    python bench/dedup_state.py --impl jvm --sizes 0,1000000,10000000
+    python bench/dedup_state.py --impl dropdup --sizes 0,1000000
+
+Keys are strings ``key-<n>``; event time is base + n microseconds (all keys stay inside the window
+and above the watermark, so nothing is evicted: the state only grows). Each small batch has half
+new keys and half duplicates of keys already in state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sparkapp"))
+
+from pyspark.sql import DataFrame, SparkSession
+
+from glasspipe_job.jvm import deduplicate_within_window, jvm_ops_jar
+
+BASE_US = 1_700_000_000_000_000  # event time origin, microseconds since the epoch
+WINDOW_S = 7 * 24 * 3600
+LATENESS = "1 hour"
+
+
+def session(partitions: int, with_jar: bool, confs: list[str]) -> SparkSession:
+    builder = (
+        SparkSession.builder.master("local[2]")
+        .appName("glasspipe-bench-dedup")
+        .config("spark.driver.memory", "6g")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(partitions))
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
+        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
+    )
+    for kv in confs:
+        k, _, v = kv.partition("=")
+        builder = builder.config(k, v)
+    if with_jar:
+        builder = builder.config("spark.jars", jvm_ops_jar())
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+class Feeder:
+    """Writes parquet files into the source folder atomically (staging folder, then rename)."""
+
+    def __init__(self, spark: SparkSession, root: Path) -> None:
+        self.spark = spark
+        self.src = root / "in"
+        self.staging = root / "staging"
+        self.src.mkdir(parents=True)
+        self.n = 0
+
+    def put(self, sql_ids: str) -> None:
+        """sql_ids: a SELECT giving one column ``id`` (bigint): the key numbers of this batch."""
+        df = self.spark.sql(sql_ids).selectExpr(
+            "concat('key-', id) AS k",
+            f"timestamp_micros({BASE_US} + {self.n * 1000} + id % 1000000) AS ts",
+            "concat('payload-', id, '-', uuid()) AS payload",
+        )
+        out = self.staging / f"b{self.n:05d}"
+        df.coalesce(1).write.parquet(str(out))
+        (part,) = out.glob("part-*.parquet")
+        os.rename(part, self.src / f"b{self.n:05d}.parquet")
+        self.n += 1
+
+
+def build_query(spark: SparkSession, impl: str, root: Path) -> Any:
+    src: DataFrame = (
+        spark.readStream.schema("k string, ts timestamp, payload string")
+        .option("maxFilesPerTrigger", 1)
+        .parquet(str(root / "in"))
+        .withWatermark("ts", LATENESS)
+    )
+    if impl == "jvm":
+        out = deduplicate_within_window(src, ["k"], "ts", WINDOW_S)
+    else:
+        out = src.dropDuplicatesWithinWatermark(["k"])
+    return (
+        out.writeStream.format("noop")
+        .outputMode("append")
+        .option("checkpointLocation", str(root / "ck"))
+        .trigger(processingTime="0 seconds")
+        .start()
+    )
+
+
+def run_batch(q: Any, feeder: Feeder, sql_ids: str) -> tuple[float, list[dict[str, Any]]]:
+    """Feeds one file, waits until processed; returns wall seconds and the progresses it made."""
+    before = len(q.recentProgress)
+    last_id = q.lastProgress["batchId"] if q.lastProgress else -1
+    feeder.put(sql_ids)
+    t0 = time.monotonic()
+    q.processAllAvailable()
+    wall = time.monotonic() - t0
+    progs = [p for p in q.recentProgress[max(0, before - 5) :] if p["batchId"] > last_id]
+    return wall, progs
+
+
+def state_rows(progs: list[dict[str, Any]]) -> int:
+    for p in reversed(progs):
+        if p.get("stateOperators"):
+            return int(p["stateOperators"][0]["numRowsTotal"])
+    return -1
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--impl", choices=["jvm", "dropdup"], default="jvm")
+    ap.add_argument("--sizes", default="0,1000000,10000000", help="live-key counts to measure at")
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--build-batch", type=int, default=2_000_000)
+    ap.add_argument("--small", type=int, default=1000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--conf", action="append", default=[], help="extra Spark conf key=value")
+    args = ap.parse_args()
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+
+    root = Path(tempfile.mkdtemp(prefix="gp-bench-dedup-"))
+    t0 = time.monotonic()
+    spark = session(args.partitions, with_jar=args.impl == "jvm", confs=args.conf)
+    start_s = time.monotonic() - t0
+    print(f"impl={args.impl} partitions={args.partitions} confs={args.conf} session start {start_s:.1f} s")
+    feeder = Feeder(spark, root)
+    q = None
+    live = 0  # keys 0..live-1 are in state
+    fresh = 10_000_000_000  # small batches draw new keys from here, away from the build range
+    build_rates: list[float] = []
+    try:
+        # Warm-up batch so the first measured batch does not pay for query start-up.
+        feeder.put(f"SELECT id + {fresh} AS id FROM range(10)")
+        fresh += 10
+        q = build_query(spark, args.impl, root)
+        q.processAllAvailable()
+        for size in sizes:
+            while live < size:
+                n = min(args.build_batch, size - live)
+                wall, progs = run_batch(q, feeder, f"SELECT id + {live} AS id FROM range({n})")
+                data = [p for p in progs if p["numInputRows"] > 0]
+                exec_s = sum(p["durationMs"]["triggerExecution"] for p in data) / 1000
+                live += n
+                build_rates.append(n / exec_s)
+                so = data[-1]["stateOperators"][0] if data and data[-1]["stateOperators"] else {}
+                if os.environ.get("GP_BENCH_VERBOSE"):
+                    print(
+                        "   ",
+                        data[-1]["durationMs"] if data else None,
+                        {k: so.get(k) for k in ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs")},
+                    )
+                print(
+                    f"  build +{n:,} new keys: {exec_s:.1f} s in batch -> {n / exec_s:,.0f} rows/s "
+                    f"(wall {wall:.1f} s, state rows {state_rows(progs):,})",
+                    flush=True,
+                )
+            lat: list[float] = []
+            walls: list[float] = []
+            for _ in range(args.repeats):
+                half = args.small // 2
+                # Duplicates: keys spread over the whole state (or of this batch's new keys if empty).
+                dups = f"(id * 7919) % {live}" if live else f"id + {fresh}"
+                sql = (
+                    f"SELECT id + {fresh} AS id FROM range({half}) UNION ALL "
+                    f"SELECT {dups} AS id FROM range({args.small - half})"
+                )
+                fresh += half
+                wall, progs = run_batch(q, feeder, sql)
+                data = [p for p in progs if p["numInputRows"] > 0]
+                lat.append(sum(p["durationMs"]["triggerExecution"] for p in data) / 1000)
+                walls.append(wall)
+            print(
+                f"live keys {live:>11,}: {args.small}-row batch median {statistics.median(lat) * 1000:,.0f} ms "
+                f"(min {min(lat) * 1000:,.0f}, max {max(lat) * 1000:,.0f}; wall incl. no-data batches "
+                f"median {statistics.median(walls) * 1000:,.0f} ms)",
+                flush=True,
+            )
+        if build_rates:
+            print(f"build throughput (all-new keys): median {statistics.median(build_rates):,.0f} rows/s")
+        # All-duplicate throughput: a big batch of keys already in state.
+        if live >= 1_000_000:
+            n = min(args.build_batch, live)
+            wall, progs = run_batch(q, feeder, f"SELECT id FROM range({n})")
+            data = [p for p in progs if p["numInputRows"] > 0]
+            exec_s = sum(p["durationMs"]["triggerExecution"] for p in data) / 1000
+            print(f"all-duplicate batch of {n:,}: {exec_s:.1f} s -> {n / exec_s:,.0f} rows/s")
+    finally:
+        if q is not None:
+            q.stop()
+        spark.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

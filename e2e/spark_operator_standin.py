@@ -1,0 +1,437 @@
+"""A local stand-in for Kubeflow spark-operator plus the kubelet, for end-to-end tests (never production).
+
+The real spark-operator cannot run here (no cluster nodes, no images), but the glasspipe operator only
+talks to it through SparkApplication objects. This stand-in watches SparkApplications
+(``sparkoperator.k8s.io/v1beta2``) on a real API server and runs each one as a local process: the job's
+real entry point (``python -m glasspipe_job.main``) with the application's ``spec.arguments`` plus
+``--local`` (local Spark with the cached connector and JVM ops jars). Each process is a "driver pod":
+its own process group, its own log file, killed as a group.
+
+It writes ``status`` through the status subresource with spark-operator's state machine
+(v1beta2 ``applicationState.state``)::
+
+    (new) -> SUBMITTED -> RUNNING                        the process started / has lived ``running_after`` s
+    RUNNING -> FAILING -> PENDING_RERUN -> SUBMITTED     exit != 0, restartPolicy Always, or OnFailure with
+                                                         executionAttempts <= onFailureRetries; the rerun is
+                                                         due onFailureRetryInterval * executionAttempts s later
+    RUNNING -> FAILED                                    exit != 0 and no retry (Never, retries used up)
+    RUNNING -> SUCCEEDING -> PENDING_RERUN -> SUBMITTED  exit 0 with restartPolicy Always
+    RUNNING -> COMPLETED                                 exit 0 otherwise
+    spec changed -> INVALIDATING -> PENDING_RERUN -> SUBMITTED   (the old process is killed first)
+
+``errorMessage`` carries the exit code/signal and the tail of the driver's log. Like spark-operator v2 it
+puts the finalizer ``sparkoperator.k8s.io/finalizer`` on every application and, when one is deleted,
+stops its driver (SIGTERM to the process group, SIGKILL after ``kill_grace`` s) before letting the object
+go, so "the application is gone" really means "its driver has stopped".
+
+Environment of a driver: the stand-in's own, plus JAVA_HOME / PYSPARK_PYTHON / SPARK_LOCAL_IP, plus the
+``env`` of ``spec.driver.template``'s first container and ``spec.driver.env`` (literal values, and
+``secretKeyRef``s read from the API server). The driver's pid (= its process group) is written to
+``<work-dir>/<namespace>/<name>/driver.pid`` so that tests can crash it.
+
+Run it: ``python -m e2e.spark_operator_standin --kubeconfig K --work-dir D [--log-file F]`` from the repo
+root, or use :class:`SparkOperatorStandIn` in-process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+from kubernetes.client.exceptions import ApiException
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "dev") not in sys.path:  # glasspipe_dev (ServerProcess, java_home) lives in dev/, not in the wheel
+    sys.path.insert(0, str(REPO / "dev"))
+
+from glasspipe_dev.paths import java_home  # noqa: E402
+from glasspipe_dev.process import ServerProcess, free_port  # noqa: E402
+
+GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
+FINALIZER = "sparkoperator.k8s.io/finalizer"
+JOB_MODULE = "glasspipe_job.main"
+
+SUBMITTED, RUNNING, COMPLETED, FAILED = "SUBMITTED", "RUNNING", "COMPLETED", "FAILED"
+SUBMISSION_FAILED, FAILING, SUCCEEDING = "SUBMISSION_FAILED", "FAILING", "SUCCEEDING"
+PENDING_RERUN, INVALIDATING = "PENDING_RERUN", "INVALIDATING"
+FINISHED = frozenset({COMPLETED, FAILED})
+
+log = logging.getLogger("spark-operator-standin")
+
+
+def now_rfc3339() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def spec_hash(spec: dict[str, Any]) -> str:
+    """spark-operator resubmits on any spec change; a digest of the whole spec detects one."""
+    return hashlib.sha256(json.dumps(spec, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def driver_dir(work_dir: Path, namespace: str, name: str) -> Path:
+    return work_dir / namespace / name
+
+
+def driver_pid(work_dir: Path, namespace: str, name: str) -> int | None:
+    """The pid (= process group) of the application's running driver, if any."""
+    try:
+        return int((driver_dir(work_dir, namespace, name) / "driver.pid").read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass
+class Driver:
+    """What the stand-in knows about one SparkApplication (by uid): its current driver process."""
+
+    uid: str
+    namespace: str
+    name: str
+    spec_hash: str
+    state: str = ""
+    attempts: int = 0  # status.executionAttempts
+    proc: ServerProcess | None = None
+    started: float = 0.0
+    retry_at: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+class SparkOperatorStandIn:
+    """List+watch SparkApplications and converge local driver processes on them (level-triggered)."""
+
+    def __init__(self, api: client.ApiClient, work_dir: Path, *, running_after: float = 3.0,
+                 kill_grace: float = 10.0, driver_memory: str = "1g", namespaces: list[str] | None = None,
+                 python: str = sys.executable, job_script: Path | None = None) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
+        self.work_dir = work_dir
+        self.running_after = running_after
+        self.kill_grace = kill_grace
+        self.driver_memory = driver_memory
+        self.namespaces = set(namespaces or [])
+        self.python = python
+        self.job_script = job_script
+        self.drivers: dict[str, Driver] = {}
+        self.stopping = threading.Event()
+
+    # ------------------------------------------------------------------------------------ loop
+
+    def run(self) -> None:
+        """Until :meth:`request_stop`: list, converge every application, then watch for at most 1 s."""
+        log.info("stand-in watching %s/%s %s in %s", GROUP, VERSION, PLURAL,
+                 ", ".join(sorted(self.namespaces)) or "all namespaces")
+        try:
+            while not self.stopping.is_set():
+                try:
+                    rv = self.sync()
+                    self._watch_once(rv)
+                except Exception:
+                    log.exception("sync failed; retrying")
+                    self.stopping.wait(1.0)
+        finally:
+            self.shutdown()
+
+    def request_stop(self) -> None:
+        self.stopping.set()
+
+    def _watch_once(self, resource_version: str) -> None:
+        """Return on the first change after ``resource_version`` (or after 1 s: process exits need polling)."""
+        w = watch.Watch()
+        for _ in w.stream(self.custom.list_cluster_custom_object, GROUP, VERSION, PLURAL,
+                          resource_version=resource_version, timeout_seconds=1, _request_timeout=10):
+            w.stop()
+            break
+
+    def sync(self) -> str:
+        """One pass over every application; returns the list's resourceVersion to watch from."""
+        res: dict[str, Any] = self.custom.list_cluster_custom_object(  # type: ignore[assignment]
+            GROUP, VERSION, PLURAL)
+        items = [a for a in res.get("items", [])
+                 if not self.namespaces or a["metadata"]["namespace"] in self.namespaces]
+        seen = set()
+        for obj in items:
+            seen.add(obj["metadata"]["uid"])
+            try:
+                self._sync_app(obj)
+            except ApiException as e:
+                if e.status not in (404, 409):  # gone or changed meanwhile: the next pass sees the news
+                    log.error("%s/%s: API error %s %s", obj["metadata"]["namespace"], obj["metadata"]["name"],
+                              e.status, e.reason)
+            except Exception:  # one broken application must not stall the others
+                log.exception("%s/%s: sync failed", obj["metadata"]["namespace"], obj["metadata"]["name"])
+        for uid in [u for u in self.drivers if u not in seen]:
+            # Deleted without our finalizer (or before we added it): stop the driver anyway.
+            d = self.drivers.pop(uid)
+            self._stop_driver(d, "its SparkApplication is gone")
+        return str(res["metadata"]["resourceVersion"])
+
+    # ----------------------------------------------------------------------------- per object
+
+    def _sync_app(self, obj: dict[str, Any]) -> None:
+        meta = obj["metadata"]
+        uid, ns, name = meta["uid"], meta["namespace"], meta["name"]
+        d = self.drivers.get(uid)
+        if meta.get("deletionTimestamp"):
+            if d is not None:
+                self._stop_driver(d, "its SparkApplication is being deleted")
+                del self.drivers[uid]
+            if FINALIZER in (meta.get("finalizers") or []):
+                self._set_finalizers(obj, [f for f in meta["finalizers"] if f != FINALIZER])
+                log.info("%s/%s: driver stopped, finalizer removed", ns, name)
+            return
+        if FINALIZER not in (meta.get("finalizers") or []):
+            self._set_finalizers(obj, [*(meta.get("finalizers") or []), FINALIZER])
+        h = spec_hash(obj.get("spec") or {})
+        status = obj.get("status") or {}
+        if d is None:
+            d = Driver(uid, ns, name, h, attempts=int(status.get("executionAttempts") or 0))
+            self.drivers[uid] = d
+            prior = str((status.get("applicationState") or {}).get("state") or "")
+            if prior in FINISHED:  # finished before this stand-in started: leave it be
+                d.state = prior
+                return
+            self._submit(d, obj)
+            return
+        if h != d.spec_hash:
+            log.info("%s: spec changed: invalidating and resubmitting", d.key)
+            self._write(d, INVALIDATING)
+            self._stop_driver(d, "its spec changed")
+            d.spec_hash, d.attempts, d.retry_at = h, 0, None
+            self._write(d, PENDING_RERUN)
+            self._submit(d, obj)
+            return
+        self._tick(d, obj)
+
+    def _tick(self, d: Driver, obj: dict[str, Any]) -> None:
+        """Advance one application: driver up, driver exited, retry due."""
+        now = time.monotonic()
+        if d.proc is not None and d.state in (SUBMITTED, RUNNING):
+            assert d.proc.proc is not None
+            rc = d.proc.proc.poll()
+            if rc is None:
+                if d.state == SUBMITTED and now - d.started >= self.running_after:
+                    self._write(d, RUNNING)
+                return
+            self._exited(d, obj, rc)
+            return
+        if d.state in (FAILING, SUCCEEDING, SUBMISSION_FAILED) and d.retry_at is not None and now >= d.retry_at:
+            self._write(d, PENDING_RERUN)
+            self._submit(d, obj)
+
+    def _exited(self, d: Driver, obj: dict[str, Any], rc: int) -> None:
+        assert d.proc is not None
+        tail = d.proc.log_tail(15)
+        d.proc = None
+        self._pid_file(d).unlink(missing_ok=True)
+        policy = (obj.get("spec") or {}).get("restartPolicy") or {}
+        kind = policy.get("type", "Never")
+        extra = {"terminationTime": now_rfc3339()}
+        if rc == 0:
+            log.info("%s: driver exited with code 0", d.key)
+            if kind == "Always":
+                d.retry_at = time.monotonic()
+                self._write(d, SUCCEEDING, extra=extra)
+            else:
+                self._write(d, COMPLETED, extra=extra)
+            return
+        how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
+        message = f"driver process {how}; log tail:\n{tail}"[-2000:]
+        log.warning("%s: driver %s", d.key, how)
+        retries = policy.get("onFailureRetries")
+        retry = kind == "Always" or (kind == "OnFailure" and retries is not None and d.attempts <= int(retries))
+        if retry:
+            interval = float(policy.get("onFailureRetryInterval", 5))
+            d.retry_at = time.monotonic() + interval * max(d.attempts, 1)
+            self._write(d, FAILING, message, extra)
+        else:
+            self._write(d, FAILED, message, extra)
+
+    # ------------------------------------------------------------------------------ processes
+
+    def _pid_file(self, d: Driver) -> Path:
+        return driver_dir(self.work_dir, d.namespace, d.name) / "driver.pid"
+
+    def _submit(self, d: Driver, obj: dict[str, Any]) -> None:
+        spec = obj.get("spec") or {}
+        d.attempts += 1
+        d.retry_at = None
+        folder = driver_dir(self.work_dir, d.namespace, d.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            env = self._driver_env(d.namespace, spec)
+        except (ApiException, KeyError, ValueError) as e:
+            policy = spec.get("restartPolicy") or {}
+            d.retry_at = time.monotonic() + float(policy.get("onSubmissionFailureRetryInterval", 20))
+            self._write(d, SUBMISSION_FAILED, f"cannot build the driver's environment: {e}")
+            return
+        entry = [str(self.job_script)] if self.job_script else ["-m", JOB_MODULE]
+        argv = [self.python, *entry, *[str(a) for a in spec.get("arguments") or []],
+                "--local", f"--metrics-port={free_port()}"]
+        log_path = folder / f"{d.uid[:8]}-attempt-{d.attempts}.log"
+        d.proc = ServerProcess(f"driver {d.key}", argv, log_path, env=env, cwd=folder).start()
+        assert d.proc.proc is not None
+        self._pid_file(d).write_text(f"{d.proc.proc.pid}\n")
+        d.started = time.monotonic()
+        log.info("%s: submitted attempt %d, pid %d, log %s", d.key, d.attempts, d.proc.proc.pid, log_path)
+        self._write(d, SUBMITTED, extra={
+            "submissionAttempts": d.attempts,
+            "lastSubmissionAttemptTime": now_rfc3339(),
+            "submissionID": str(uuid.uuid4()),
+            "sparkApplicationId": f"local-{d.proc.proc.pid}",
+            "driverInfo": {"podName": f"{d.name}-driver"},
+            "terminationTime": None,
+        })
+
+    def _driver_env(self, namespace: str, spec: dict[str, Any]) -> dict[str, str]:
+        driver = spec.get("driver") or {}
+        containers = (((driver.get("template") or {}).get("spec") or {}).get("containers")) or [{}]
+        env = {
+            "JAVA_HOME": java_home(),
+            "PYSPARK_PYTHON": self.python,
+            "PYSPARK_DRIVER_PYTHON": self.python,
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "GLASSPIPE_DRIVER_MEMORY": self.driver_memory,
+        }
+        for item in [*(containers[0].get("env") or []), *(driver.get("env") or [])]:
+            if "value" in item:
+                env[item["name"]] = str(item["value"])
+            elif "secretKeyRef" in (item.get("valueFrom") or {}):
+                ref = item["valueFrom"]["secretKeyRef"]
+                secret = self.core.read_namespaced_secret(ref["name"], namespace)
+                env[item["name"]] = base64.b64decode((secret.data or {})[ref["key"]]).decode()
+        return env
+
+    def _stop_driver(self, d: Driver, why: str) -> None:
+        if d.proc is None:
+            return
+        assert d.proc.proc is not None
+        pid = d.proc.proc.pid
+        started = time.monotonic()
+        d.proc.stop(timeout=self.kill_grace)
+        log.info("%s: driver pid %d stopped (%s) with code %s in %.1f s", d.key, pid, why,
+                 d.proc.proc.returncode, time.monotonic() - started)
+        d.proc = None
+        self._pid_file(d).unlink(missing_ok=True)
+
+    def shutdown(self) -> None:
+        """Stop every driver at once (SIGTERM, SIGKILL after the grace period); API state is left as is."""
+        running = [d for d in self.drivers.values() if d.proc is not None]
+        threads = [threading.Thread(target=self._stop_driver, args=(d, "stand-in shutting down")) for d in running]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        log.info("stand-in stopped (%d driver(s) stopped)", len(running))
+
+    # ----------------------------------------------------------------------------------- API
+
+    def _write(self, d: Driver, state: str, error: str = "", extra: dict[str, Any] | None = None) -> None:
+        """Merge-patch status (conditional on the uid, so a re-created namesake is never written)."""
+        status: dict[str, Any] = {"applicationState": {"state": state, "errorMessage": error},
+                                  "executionAttempts": d.attempts, **(extra or {})}
+        body = {"metadata": {"uid": d.uid}, "status": status}
+        if state != d.state:
+            log.info("%s: %s -> %s%s", d.key, d.state or "NEW", state, f" ({error.splitlines()[0]})" if error else "")
+        d.state = state  # first: should the write fail, the local state machine still follows its driver
+        self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, d.namespace, PLURAL, d.name, body)
+
+    def _set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> None:
+        meta = obj["metadata"]
+        body = {"metadata": {"finalizers": finalizers, "resourceVersion": meta["resourceVersion"],
+                             "uid": meta["uid"]}}
+        self.custom.patch_namespaced_custom_object(GROUP, VERSION, meta["namespace"], PLURAL, meta["name"], body)
+
+
+class StandInProcess:
+    """The stand-in as a subprocess (``python -m e2e.spark_operator_standin``), for test fixtures."""
+
+    def __init__(self, kubeconfig: Path, work_dir: Path, *extra: str) -> None:
+        self.work_dir = work_dir
+        self.log = work_dir / "standin.log"
+        argv = [sys.executable, "-m", "e2e.spark_operator_standin", f"--kubeconfig={kubeconfig}",
+                f"--work-dir={work_dir}", f"--log-file={self.log}", *extra]
+        self.proc = ServerProcess("spark-operator-standin", argv, work_dir / "standin.out", cwd=REPO)
+
+    def start(self, timeout: float = 60.0) -> StandInProcess:
+        self.proc.start()
+        self.proc.wait_ready(lambda: "stand-in watching" in self.log.read_text(), timeout, f"(log {self.log})")
+        return self
+
+    def driver_pid(self, namespace: str, name: str) -> int | None:
+        return driver_pid(self.work_dir, namespace, name)
+
+    def log_lines(self) -> list[str]:
+        try:
+            return self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+
+    def log_tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log_lines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM (the stand-in stops its drivers), then kill any driver left behind: no JVM outlives a test."""
+        self.proc.stop(timeout=3 * 10.0 + 10)
+        for pid_file in self.work_dir.glob("*/*/driver.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                os.killpg(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="spark-operator-standin", description=__doc__.split("\n")[0])
+    p.add_argument("--kubeconfig", default=os.environ.get("KUBECONFIG"), help="default: $KUBECONFIG")
+    p.add_argument("--work-dir", type=Path, required=True, help="driver logs and pid files")
+    p.add_argument("--log-file", type=Path, help="the stand-in's own log (default: stderr)")
+    p.add_argument("-n", "--namespace", action="append", default=[], help="repeatable; default: all namespaces")
+    p.add_argument("--running-after", type=float, default=3.0,
+                   help="seconds a driver must live before it is reported RUNNING")
+    p.add_argument("--kill-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--driver-memory", default="1g", help="spark.driver.memory of each local driver")
+    p.add_argument("--job-script", type=Path,
+                   help=f"run this Python file instead of `-m {JOB_MODULE}` (the stand-in's own tests)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    handler: logging.Handler = logging.FileHandler(args.log_file) if args.log_file else logging.StreamHandler()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+                        handlers=[handler])
+    for noisy in ("kubernetes.client.rest", "urllib3"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    config.load_kube_config(config_file=args.kubeconfig)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    standin = SparkOperatorStandIn(client.ApiClient(), args.work_dir.resolve(), running_after=args.running_after,
+                                   kill_grace=args.kill_grace, driver_memory=args.driver_memory,
+                                   namespaces=args.namespace, job_script=args.job_script)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("got %s", signal.Signals(signum).name)
+        standin.request_stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    standin.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

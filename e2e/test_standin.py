@@ -1,0 +1,126 @@
+"""The spark-operator stand-in's own state machine, on a real API server, with a tiny fake driver (no JVM).
+
+The fake driver reads ``--config-json`` like the real job and sleeps, then exits with the code it was told;
+so every restartPolicy branch is checked in seconds, before test_full_path.py relies on them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe_dev.kube import KubeAPIServer
+from operator_harness import SPARK_CRD, apply_crd, wait_for
+from spark_operator_standin import FINALIZER, StandInProcess
+
+pytestmark = pytest.mark.e2e
+
+SPARKAPPS = "sparkapplications.sparkoperator.k8s.io"
+FAKE_DRIVER = """
+import json, sys, time
+config = json.loads(sys.argv[sys.argv.index("--config-json") + 1])
+assert "--local" in sys.argv
+print("fake driver up", flush=True)
+time.sleep(config.get("sleep", 3600))
+print("fake driver exits with", config.get("exit", 0), flush=True)
+sys.exit(config.get("exit", 0))
+"""
+
+
+class Cluster:
+    def __init__(self, kube: KubeAPIServer, ns: str, standin: StandInProcess) -> None:
+        self.kube, self.ns, self.standin = kube, ns, standin
+
+    def create(self, name: str, policy: dict[str, Any], **config: Any) -> None:
+        app = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
+               "metadata": {"name": name, "namespace": self.ns},
+               "spec": {"type": "Python", "arguments": ["--config-json", json.dumps(config)],
+                        "restartPolicy": policy}}
+        self.kube.kubectl("apply", "-f", "-", input=json.dumps(app))
+
+    def get(self, name: str) -> dict[str, Any] | None:
+        res = self.kube.kubectl("get", SPARKAPPS, name, "-n", self.ns, "-o", "json", check=False)
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    def state(self, name: str) -> tuple[str, int, str]:
+        st = (self.get(name) or {}).get("status") or {}
+        app = st.get("applicationState") or {}
+        return app.get("state", ""), int(st.get("executionAttempts") or 0), app.get("errorMessage", "")
+
+    def wait(self, name: str, state: str, attempts: int | None = None, timeout: float = 30) -> tuple[str, int, str]:
+        def check() -> tuple[str, int, str] | None:
+            got = self.state(name)
+            return got if got[0] == state and (attempts is None or got[1] == attempts) else None
+        try:
+            return wait_for(check, f"{name} {state} (attempt {attempts})", timeout, interval=0.2)
+        except BaseException:
+            print(f"last state {self.state(name)}; stand-in log:\n{self.standin.log_tail(40)}")
+            raise
+
+
+@pytest.fixture(scope="module")
+def cluster(kube: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    apply_crd(kube, SPARK_CRD, "sparkapplications.sparkoperator.k8s.io")
+    ns = f"standin-{uuid.uuid4().hex[:8]}"
+    kube.kubectl("create", "namespace", ns)
+    work = tmp_path_factory.mktemp("standin-self")
+    script = work / "fake_driver.py"
+    script.write_text(FAKE_DRIVER)
+    standin = StandInProcess(kube.kubeconfig, work, f"--namespace={ns}", f"--job-script={script}",
+                             "--running-after=0.5", "--kill-grace=3")
+    standin.start()
+    try:
+        yield Cluster(kube, ns, standin)
+    finally:
+        standin.stop()
+
+
+def test_failure_without_retry_is_failed_with_the_log_tail(cluster: Cluster) -> None:
+    cluster.create("never", {"type": "Never"}, sleep=1, exit=3)
+    cluster.wait("never", "RUNNING", 1)
+    _, _, error = cluster.wait("never", "FAILED", 1)
+    assert "driver process exited with code 3" in error and "fake driver exits with 3" in error
+    time.sleep(2)
+    assert cluster.state("never")[:2] == ("FAILED", 1)
+    assert FINALIZER in (cluster.get("never") or {})["metadata"]["finalizers"]
+
+
+def test_on_failure_retries_then_gives_up(cluster: Cluster) -> None:
+    cluster.create("retry", {"type": "OnFailure", "onFailureRetries": 1, "onFailureRetryInterval": 1},
+                   sleep=0.5, exit=1)
+    cluster.wait("retry", "FAILING", 1)
+    cluster.wait("retry", "FAILED", 2)
+
+
+def test_always_restarts_a_completed_driver(cluster: Cluster) -> None:
+    cluster.create("always", {"type": "Always", "onFailureRetryInterval": 1}, sleep=1.5, exit=0)
+    wait_for(lambda: cluster.state("always")[1] >= 3, "3 executions", 30, interval=0.2)
+    log = cluster.standin.log_tail(200)
+    assert "always: RUNNING -> SUCCEEDING" in log and "always: SUCCEEDING -> PENDING_RERUN" in log
+
+
+def test_spec_change_resubmits_and_delete_stops_the_driver(cluster: Cluster) -> None:
+    cluster.create("long", {"type": "Always"}, sleep=3600)
+    cluster.wait("long", "RUNNING", 1)
+    first = cluster.standin.driver_pid(cluster.ns, "long")
+    assert first is not None
+    cluster.create("long", {"type": "Always"}, sleep=3601)  # a spec change
+    cluster.wait("long", "RUNNING", 1)
+    second = cluster.standin.driver_pid(cluster.ns, "long")
+    assert second is not None and second != first
+    with pytest.raises(ProcessLookupError):
+        os.kill(first, 0)
+    assert "long: RUNNING -> INVALIDATING" in cluster.standin.log_tail(200)
+
+    cluster.kube.kubectl("delete", SPARKAPPS, "long", "-n", cluster.ns, "--wait=false")
+    wait_for(lambda: cluster.get("long") is None, "long to be gone", 30, interval=0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(second, 0)
+    assert not (Path(cluster.standin.work_dir) / cluster.ns / "long" / "driver.pid").exists()

@@ -1,0 +1,189 @@
+"""Event-time dedup operator (io.glasspipe.spark.DedupProcessor) on real local Spark + RocksDB state.
+
+The source is a folder of JSON files read one file per micro-batch; each test step writes one file
+and waits with processAllAvailable(), so each step is exactly one data micro-batch (plus Spark's
+no-data batch when the watermark moves, which is what fires the eviction timers).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe_job.jvm import deduplicate_within_window
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = "k string, ts timestamp, payload string"
+WINDOW_S = 60
+LATENESS = "10 seconds"
+
+
+class Stream:
+    """A JSON file source folder plus a checkpoint; runs the dedup query into a memory table."""
+
+    def __init__(self, spark: Any, root: Path) -> None:
+        self.spark = spark
+        self.src = root / "in"
+        self.ckpt = root / "ckpt"
+        self.src.mkdir(parents=True)
+        self.n = 0
+        self.q: Any = None
+        self.calls: list[tuple[int, list[tuple[str, str, bool]]]] = []
+
+    def put(self, rows: list[tuple[str, str, str]]) -> None:
+        tmp = self.src / f".f{self.n:04d}.json.tmp"
+        tmp.write_text("".join(json.dumps({"k": k, "ts": t, "payload": p}) + "\n" for k, t, p in rows))
+        os.rename(tmp, self.src / f"f{self.n:04d}.json")
+        self.n += 1
+
+    def start(self) -> None:
+        src = (
+            self.spark.readStream.schema(SCHEMA)
+            .option("maxFilesPerTrigger", 1)
+            .json(str(self.src))
+            .withWatermark("ts", LATENESS)
+        )
+        out = deduplicate_within_window(src, ["k"], "ts", WINDOW_S, flag_col="dup")
+        # foreachBatch (not the memory sink, which cannot restart from a checkpoint in append
+        # mode) records what each micro-batch emitted, per batch id, including replays.
+        self.q = (
+            out.writeStream.foreachBatch(self._collect)
+            .outputMode("append")
+            .option("checkpointLocation", str(self.ckpt))
+            .start()
+        )
+
+    def _collect(self, df: Any, batch_id: int) -> None:
+        # One action only, sorted here: df.orderBy() would sample the input first, i.e. run the
+        # stateful operator twice for the same batch.
+        got = sorted(df.collect(), key=lambda r: (r.ts, r.payload))
+        self.calls.append((batch_id, [(r.k, r.payload, r.dup) for r in got]))
+
+    def step(self, rows: list[tuple[str, str, str]]) -> None:
+        self.put(rows)
+        self.q.processAllAvailable()
+
+    def rows(self) -> list[tuple[str, str, bool]]:
+        """(key, payload, dropped) of everything emitted (last run of each batch), in batch order."""
+        last = dict(self.calls)
+        return [row for batch in sorted(last) for row in last[batch]]
+
+    def state_rows(self) -> int:
+        """Live keys in the dedup state (value rows; timers are not counted) after the last batch."""
+        for p in reversed(self.q.recentProgress):
+            if p.get("stateOperators"):
+                return int(p["stateOperators"][0]["numRowsTotal"])
+        raise AssertionError("no state operator progress")
+
+    def wait_state_rows(self, expected: int, timeout: float = 60.0) -> None:
+        """Eviction happens in the no-data batch Spark runs after the watermark moved, which may
+        start after processAllAvailable() returned: poll the progress until it shows up."""
+        deadline = time.monotonic() + timeout
+        while self.state_rows() != expected:
+            if time.monotonic() > deadline:
+                summary = [
+                    (
+                        p["batchId"],
+                        p["numInputRows"],
+                        p["eventTime"].get("watermark"),
+                        p["stateOperators"][0]["numRowsTotal"] if p["stateOperators"] else None,
+                    )
+                    for p in self.q.recentProgress
+                ]
+                raise AssertionError(f"state rows {self.state_rows()} != {expected} after {timeout} s: {summary}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.q is not None:
+            self.q.stop()
+            self.q = None
+
+
+@pytest.fixture
+def stream(spark_dedup: Any, tmp_path: Path) -> Iterator[Stream]:
+    s = Stream(spark_dedup, tmp_path)
+    try:
+        yield s
+    finally:
+        s.stop()
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def t(mmss: str) -> str:
+    return f"2024-01-01T00:{mmss}Z"
+
+
+def test_first_wins_window_and_reaccept(stream: Stream) -> None:
+    stream.start()
+    # Same micro-batch: a1 wins over a2 (later event time, 30 s into a1's window).
+    stream.step([("a", t("00:30"), "a2"), ("a", t("00:00"), "a1"), ("b", t("00:05"), "b1")])
+    # Next batch: a3 still inside a1's window; a4 at 61 s is past it and opens a new window,
+    # which a5 (within 60 s of a4) falls into.
+    stream.step([("a", t("00:50"), "a3"), ("a", t("01:01"), "a4"), ("a", t("01:30"), "a5")])
+    assert stream.rows() == [
+        ("a", "a1", False),
+        ("b", "b1", False),
+        ("a", "a2", True),
+        ("a", "a3", True),
+        ("a", "a4", False),
+        ("a", "a5", True),
+    ]
+    # The watermark is now 01:20 (max event time 01:30 - 10 s): b's window (ended 01:05) is evicted,
+    # a's new window (a4, until 02:01) is live.
+    stream.wait_state_rows(1)
+
+
+def test_watermark_evicts_state_and_key_is_accepted_again(stream: Stream) -> None:
+    stream.start()
+    stream.step([("a", t("00:00"), "a1"), ("b", t("00:05"), "b1")])
+    stream.wait_state_rows(2)
+    # Event time jumps to 10:00 -> watermark 09:50, past both windows (01:00, 01:05): the timers
+    # fire (in the no-data batch Spark runs after the watermark moved) and a and b are evicted.
+    stream.step([("c", t("10:00"), "c1")])
+    stream.wait_state_rows(1)
+    # b again, above the watermark and far outside its old window: a new first occurrence.
+    # b at 00:20 is below the watermark: Spark drops it as late (never emitted).
+    stream.step([("b", t("09:55"), "b2"), ("b", t("00:20"), "b-late"), ("c", t("10:30"), "c2")])
+    assert stream.rows() == [
+        ("a", "a1", False),
+        ("b", "b1", False),
+        ("c", "c1", False),
+        ("b", "b2", False),
+        ("c", "c2", True),
+    ]
+    stream.wait_state_rows(2)  # b (new window) and c
+
+
+def test_state_survives_restart_and_replay_is_identical(stream: Stream) -> None:
+    stream.start()
+    stream.step([("a", t("00:00"), "a1"), ("b", t("00:01"), "b1")])
+    stream.step([("a", t("00:10"), "a2"), ("c", t("00:12"), "c1"), ("c", t("00:13"), "c2")])
+    replayed = max(p["batchId"] for p in stream.q.recentProgress if p["numInputRows"] > 0)
+    stream.stop()
+    original = dict(stream.calls)[replayed]
+    assert original == [("a", "a2", True), ("c", "c1", False), ("c", "c2", True)]
+
+    # Replay: forget the last data micro-batch (its commit, and any no-data batch after it); the
+    # restarted query must run it again against the state as of before it, with the same result.
+    for log in ("commits", "offsets"):
+        for p in (stream.ckpt / log).iterdir():
+            batch = p.name.lstrip(".").split(".")[0]
+            if batch.isdigit() and (int(batch) > replayed or (log == "commits" and int(batch) == replayed)):
+                p.unlink()
+    n_calls = len(stream.calls)
+    stream.start()
+    stream.q.processAllAvailable()
+    assert stream.calls[n_calls] == (replayed, original)
+
+    # New input after the restart: keys seen before the restart are still deduplicated.
+    stream.step([("a", t("00:20"), "a3"), ("b", t("00:30"), "b2"), ("d", t("00:31"), "d1")])
+    last_data = max(p["batchId"] for p in stream.q.recentProgress if p["numInputRows"] > 0)
+    assert dict(stream.calls)[last_data] == [("a", "a3", True), ("b", "b2", True), ("d", "d1", False)]
