@@ -31,35 +31,28 @@ def jvm_ops_jar() -> str:
 
 
 @pytest.fixture(scope="session")
-def spark_dedup(jvm_ops_jar: str) -> Iterator[Any]:
-    """local[2] Spark with the RocksDB state store + changelog checkpointing, as the job runs it."""
-    from pyspark.sql import SparkSession
+def spark(jvm_ops_jar: str) -> Iterator[Any]:
+    """The one local[2] SparkSession of a test run (spark.jars is fixed when the JVM starts): Kafka
+    connector + glasspipe's JVM operators, RocksDB state store with changelog checkpointing, as the
+    job runs it."""
+    from glasspipe_dev.spark import local_spark_session
 
-    if SparkSession.getActiveSession() is not None:
-        spark = SparkSession.getActiveSession()
-        assert spark is not None
-        jars = spark.sparkContext.getConf().get("spark.jars", "")
-        if jvm_ops_jar not in jars:
-            pytest.fail(f"a SparkSession is already running without {jvm_ops_jar} on spark.jars")
-        yield spark
-        return
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("glasspipe-it-dedup")
-        .config("spark.jars", jvm_ops_jar)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-        )
-        .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
+    session = local_spark_session(
+        "glasspipe-tests",
+        extra_jars=[jvm_ops_jar],
+        extra_conf={
+            "spark.sql.streaming.stateStore.providerClass":
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+        },
     )
-    spark.sparkContext.setLogLevel("WARN")
     try:
-        yield spark
+        yield session
     finally:
-        spark.stop()
+        session.stop()
+
+
+@pytest.fixture(scope="session")
+def spark_dedup(spark: Any) -> Any:
+    """The shared session (kept as a name for the dedup operator tests)."""
+    return spark
