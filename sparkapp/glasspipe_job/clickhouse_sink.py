@@ -837,21 +837,25 @@ class ClickHouseSink:
         marker = quote_ident(MARKER_COLUMN)
         where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
 
-        def remove(_attempt: int) -> int:
+        found: list[int] = []  # rows of the batch seen before the delete was issued
+        issued: list[bool] = []
+
+        def remove(_attempt: int) -> None:
             if self._ledger_state(writer_id, batch_id) & {"done", "rolledback"}:
-                return 0
+                return
             left = int(self.client.execute(f"SELECT count() FROM {self.full_table} WHERE {where}", {"p": prefix})[0][0])
+            if not found:
+                found.append(left)
             if left:
-                if not getattr(self, "_rollback_issued", None) == prefix:
+                if not issued:
                     log.warning("rolling back %d rows of abandoned batch %s in %s", left, prefix, self.full_table)
                     self.client.execute(f"ALTER TABLE {self.full_table} DELETE WHERE {where}", {"p": prefix})
-                    self._rollback_issued = prefix
+                    issued.append(True)
                 raise _MutationPending(f"waiting for the roll-back of {prefix} to finish")
             self._insert_ledger(batch_id, 0, 0, offsets, state="rolledback", writer_id=writer_id)
-            return left
 
-        removed: int = self._retrying(f"rolling back batch {prefix}", remove)
-        return removed
+        self._retrying(f"rolling back batch {prefix}", remove)
+        return found[0] if found else 0
 
     def _ledger_state(self, writer_id: str, batch_id: int) -> set[str]:
         rows = self.client.execute(

@@ -69,7 +69,7 @@ def ledger_rows(server: ClickHouseServer, writer: str) -> list[tuple[int, int, i
         tuple(r)
         for r in server.client().execute(
             f"SELECT batch_id, chunks, rows, offsets FROM {LEDGER_TABLE} WHERE writer = %(w)s "
-            "ORDER BY batch_id",
+            "AND state = 'done' ORDER BY batch_id",
             {"w": writer},
         )
     ]
@@ -159,6 +159,46 @@ _CHILD = textwrap.dedent(
     print("DONE", flush=True)
     """
 )
+
+
+def test_successor_rolls_back_the_batch_a_stopped_writer_never_finished(clickhouse: ClickHouseServer) -> None:
+    """Rescaling: writer A dies after 2 of 6 chunks and never comes back (its layout is gone); writer B
+    takes over A's partitions, rolls A's abandoned batch back and writes those records itself."""
+    table = new_table()
+    a = sink_for(clickhouse, table, writer_id="default.pipe.0of1-aaaa")
+    a.open()
+    real_client = a.client
+    inserts = {"n": 0}
+
+    class DiesAfterTwoChunks:
+        def execute(self, query: str, *args: Any, **kw: Any) -> Any:
+            if query.startswith(f"INSERT INTO `default`.`{table}`"):
+                if inserts["n"] == 2:
+                    raise Crash()
+                inserts["n"] += 1
+            return real_client.execute(query, *args, **kw)
+
+        def disconnect(self) -> None:
+            real_client.disconnect()
+
+    a.write_batch(0, rows(0, 300), '[{"t":{"0":300}}]')
+    a._client = DiesAfterTwoChunks()
+    with pytest.raises(Crash):
+        a.write_batch(1, rows(300, 850), '[{"t":{"0":850}}]')
+    assert stats(clickhouse, table) == (500, 500)  # batch 0 and 2 chunks of batch 1
+
+    from glasspipe_job.handover import abandoned_batches, ledger_progress
+
+    with sink_for(clickhouse, table, writer_id="default.pipe.0of2-bbbb") as b:
+        ledger = b.pipeline_ledger("default.pipe.")
+        assert ledger_progress(ledger) == {"t": {0: 300}}  # where B resumes: batch 1 never finished
+        abandoned = abandoned_batches(ledger, {"t": {0: 0}}, b.writer_id)
+        assert [(w, n) for w, n, _ in abandoned] == [("default.pipe.0of1-aaaa", 1)]
+        assert b.roll_back(*abandoned[0]) == 200
+        assert stats(clickhouse, table) == (300, 300)
+        b.write_batch(0, rows(300, 850), '[{"t":{"0":850}}]')  # B re-reads from offset 300
+        assert abandoned_batches(b.pipeline_ledger("default.pipe."), {"t": {0: 0}}, b.writer_id) == []
+    assert stats(clickhouse, table) == (850, 850)
 
 
 def test_sigkilled_writer_then_replay_is_exactly_once(clickhouse: ClickHouseServer) -> None:
