@@ -100,7 +100,8 @@ def main() -> int:
         client = ch.client()
         rows, distinct = client.execute("SELECT count(), uniqExact(sms_id) FROM default.sms_status")[0]
         print(f"ClickHouse default.sms_status: {rows} rows, {distinct} distinct sms_id "
-              f"(expected {len(expected)}): {'exactly one row per sms_id' if rows == distinct == len(expected) else 'MISMATCH'}")
+              f"(expected {len(expected)}): "
+              f"{'exactly one row per sms_id' if rows == distinct == len(expected) else 'MISMATCH'}")
         print("the story's rows (first occurrence kept):")
         for row in client.execute("SELECT sms_id, status, provider, sent_at FROM default.sms_status "
                                   "WHERE sms_id LIKE 'sms-%' ORDER BY sms_id"):

@@ -35,7 +35,7 @@ def read_offset_log(df: DataFrame, checkpoint: str, batch_id: int) -> list[dict[
     jvm = spark.sparkContext._jvm
     assert jvm is not None
     path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets/{batch_id}")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
     stream = fs.open(path)
     try:
         text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
@@ -62,7 +62,7 @@ class DeadLetters:
 
         cols = {name: rows.column(name).to_pylist() for name in [*META_COLUMNS, REASON]}
         for i in range(rows.num_rows):
-            headers = [
+            headers: list[tuple[str, str | bytes | None]] = [
                 ("glasspipe.reason", str(cols[REASON][i]).encode()),
                 ("glasspipe.pipeline", self.pipeline.encode()),
                 ("glasspipe.source.topic", str(cols["_gp_topic"][i]).encode()),

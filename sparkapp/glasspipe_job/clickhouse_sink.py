@@ -734,10 +734,8 @@ class ClickHouseSink:
         """CREATE TABLE IF NOT EXISTS for the data table: MergeTree, marker column, dedup window on 22.2+."""
         cols = [f"{quote_ident(c.name)} {c.clickhouse_type}" for c in self.columns]
         cols.append(f"{quote_ident(MARKER_COLUMN)} String DEFAULT ''")
-        if self.order_by:
-            keys = self.order_by
-        else:  # the first column ClickHouse accepts in a sorting key (modern servers refuse Nullable keys)
-            keys = [next((c.name for c in self.columns if not strip_type(c.clickhouse_type)[1]), "")]
+        # default: the first column ClickHouse accepts in a sorting key (modern servers refuse Nullable keys)
+        keys = self.order_by or [next((c.name for c in self.columns if not strip_type(c.clickhouse_type)[1]), "")]
         order = "tuple()" if keys == [""] else "(" + ", ".join(quote_ident(k) for k in keys) + ")"
         sql = (
             f"CREATE TABLE IF NOT EXISTS {self.full_table} ({', '.join(cols)}) "

@@ -91,5 +91,6 @@ def run_local(args: argparse.Namespace) -> int:
     t = metrics.totals
     print(f"glasspipe run: {t.batches} batches; records in {t.records_in}, filtered {t.filtered}, "
           f"duplicates dropped {t.duplicates}, late dropped {t.late}, dead-lettered {t.dead_lettered} "
-          f"{dict(sorted(t.per_reason.items()))}, rows written {t.rows_written}, warm-up rows {t.warmup}, keys in two partitions {t.keys_in_two_partitions}")
+          f"{dict(sorted(t.per_reason.items()))}, rows written {t.rows_written}, warm-up rows {t.warmup}, "
+          f"keys in two partitions {t.keys_in_two_partitions}")
     return 0

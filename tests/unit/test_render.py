@@ -35,7 +35,8 @@ def test_render_is_byte_stable_and_changes_only_with_the_spec() -> None:
     first = yaml.safe_dump(render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml")))
     again = yaml.safe_dump(render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml")))
     assert first == again
-    changed = yaml.safe_dump(render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml", spark={"image": "x:2"})))
+    other = spec_of("sms-dedup.yaml", spark={"image": "x:2"})
+    changed = yaml.safe_dump(render_spark_applications("ns", "p", "u", other))
     assert changed != first
 
 

@@ -27,7 +27,7 @@ def problems_of(doc: dict[str, Any]) -> list[str]:
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_examples_are_valid(path: Path) -> None:
-    spec, columns = validate_resource(yaml.safe_load(path.read_text()))
+    _, columns = validate_resource(yaml.safe_load(path.read_text()))
     assert columns, "every example writes columns"
 
 
@@ -113,7 +113,8 @@ def test_expression_column_needs_type_and_known_fields() -> None:
     cols[1].pop("type")
     cols[3]["expression"] = "upper(countri)"
     msgs = problems_of(doc)
-    assert "spec.sink.clickhouse.columns[1].type: a column computed by an expression needs its ClickHouse type" in msgs[0]
+    assert ("spec.sink.clickhouse.columns[1].type: a column computed by an expression needs its ClickHouse type"
+            in msgs[0])
     assert "spec.sink.clickhouse.columns[3].expression: 'countri' is not a declared field" in msgs[1]
 
 

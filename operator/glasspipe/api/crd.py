@@ -211,5 +211,5 @@ def render_crd_reference() -> str:
             out.append(f"| `{part}` | object | | | {rule['message']} |")
         for name, sub in node.get("properties", {}).items():
             _reference_rows(sub, f"{part}.{name}", name in set(node.get("required", [])), rows)
-        out += rows + [""]
+        out += [*rows, ""]
     return "\n".join(out)

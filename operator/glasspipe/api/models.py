@@ -128,9 +128,10 @@ class KafkaSource(ApiModel):
     consumer_group: str | None = Field(
         None,
         max_length=249,
-        description="Consumer group that glasspipe commits processed offsets to. Default: glasspipe.<namespace>.<name>.",
+        description="Consumer group that glasspipe commits processed offsets to. "
+        "Default: glasspipe.<namespace>.<name>.",
     )
-    security: KafkaSecurity = Field(default_factory=KafkaSecurity, description="Security settings.")
+    security: KafkaSecurity = Field(default_factory=lambda: KafkaSecurity(), description="Security settings.")
 
 
 class SchemaField(ApiModel):
@@ -220,7 +221,7 @@ class Source(ApiModel):
     name: str = Field(pattern=SOURCE_NAME_PATTERN, max_length=40, description="Source name, unique in the pipeline.")
     kafka: KafkaSource
     schema_: PayloadSchema = Field(alias="schema", description="Fields of the JSON value.")
-    event_time: EventTime = Field(default_factory=EventTime, description="Event time of each record.")
+    event_time: EventTime = Field(default_factory=lambda: EventTime(), description="Event time of each record.")
     filter: str | None = Field(
         None, max_length=4096,
         description="Spark SQL boolean expression over the declared fields; records are kept where it is true.",
@@ -244,13 +245,15 @@ class Join(ApiModel):
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
-            ("size(self.left.keys) == size(self.right.keys)", "join.left.keys and join.right.keys must have the same length"),
+            ("size(self.left.keys) == size(self.right.keys)",
+             "join.left.keys and join.right.keys must have the same length"),
             ("self.left.source != self.right.source", "join.left.source and join.right.source must differ"),
             _bounded_duration("window", MAX_JOIN_WINDOW, "join.window"),
         )
     )
 
-    type: Literal["inner", "left"] = Field("inner", description="inner, or left (unmatched left rows emitted with NULLs).")
+    type: Literal["inner", "left"] = Field(
+        "inner", description="inner, or left (unmatched left rows emitted with NULLs).")
     left: JoinSide
     right: JoinSide
     window: Duration = Field(description=f"Records match when |t_left - t_right| <= window (max {MAX_JOIN_WINDOW}).")
@@ -313,7 +316,7 @@ class ClickHouseSink(ApiModel):
         None, max_length=512, json_schema_extra=_map_list("name"),
         description="Output columns. Default: every declared field, with its default ClickHouse type.",
     )
-    batching: Batching = Field(default_factory=Batching)
+    batching: Batching = Field(default_factory=lambda: Batching())
 
 
 class Sink(ApiModel):
@@ -352,8 +355,8 @@ class SparkSettings(ApiModel):
     service_account: str = Field(
         "spark-operator-spark", max_length=253, description="ServiceAccount of the driver (spark-operator's chart)."
     )
-    driver: Resources = Field(default_factory=Resources)
-    executor: ExecutorResources = Field(default_factory=ExecutorResources)
+    driver: Resources = Field(default_factory=lambda: Resources())
+    executor: ExecutorResources = Field(default_factory=lambda: ExecutorResources())
     shuffle_partitions: int = Field(
         4, ge=1, le=10_000,
         json_schema_extra=_immutable("spark.shufflePartitions"),
@@ -381,7 +384,8 @@ class GlassPipelineSpec(ApiModel):
             ("!has(self.join) || self.sources.all(s, s.name != self.join.right.source || "
              "self.join.right.keys.all(k, s.schema.fields.exists(f, f.name == k)))",
              "join.right.keys must name fields declared in the right source's schema"),
-            ("has(self.join) == has(oldSelf.join)", "join cannot be added or removed: it changes the checkpointed state"),
+            ("has(self.join) == has(oldSelf.join)",
+             "join cannot be added or removed: it changes the checkpointed state"),
         )
     )
 
@@ -392,7 +396,7 @@ class GlassPipelineSpec(ApiModel):
     sink: Sink
     dead_letter: DeadLetter
     checkpoint: Checkpoint
-    spark: SparkSettings = Field(default_factory=SparkSettings)
+    spark: SparkSettings = Field(default_factory=lambda: SparkSettings())
 
     @field_validator("sources")
     @classmethod

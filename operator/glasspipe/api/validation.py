@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import sqlglot
 from pydantic import ValidationError
@@ -112,7 +112,7 @@ def _parse_sql(text: str, path: str, problems: list[Problem]) -> exp.Expression 
     if isinstance(parsed, exp.Select | exp.Query):
         problems.append(Problem(path, f"must be an expression, not a query: {text!r}"))
         return None
-    return parsed
+    return cast(exp.Expression, parsed)
 
 
 def referenced_columns(expression: exp.Expression) -> list[tuple[str | None, str]]:

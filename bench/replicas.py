@@ -1,0 +1,147 @@
+"""Throughput of 1, 2 and 3 replicas of the sms-dedup pipeline on this machine, and the cost of a rescale.
+
+Starts its own Kafka and ClickHouse, produces N keyed events (20 % duplicates) to a 6-partition topic,
+then for each replica count runs that many `glasspipe run` processes (each its own Spark driver, as each
+would be its own SparkApplication) on a fresh pipeline until the consumer group's lag is 0.
+Prints events/s measured from the first committed batch to the end (Spark start-up excluded) and
+wall time including start-up. Then measures a rescale 2 -> 3: the time from stopping the old replicas
+to the new ones having caught up with the events that arrived meanwhile, and the warm-up rows re-read.
+
+    python bench/replicas.py --events 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce, start_continuous, write_pipeline
+
+T0 = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
+
+
+def events(n: int, dup_share: float, seed: int) -> list[tuple[bytes, bytes]]:
+    rng = random.Random(seed)
+    uniques = int(n * (1 - dup_share))
+    out = []
+    for i in range(uniques):
+        doc = {"sms_id": f"b-{i:08d}", "status": "first", "phone": "+1", "meta": {"provider": "p"},
+               "sent_at": (T0 + timedelta(milliseconds=2 * i)).isoformat()}
+        out.append((doc["sms_id"].encode(), dumps(doc)))
+    for _ in range(n - uniques):
+        i = rng.randrange(uniques)
+        doc = {"sms_id": f"b-{i:08d}", "status": "repeat", "phone": "+1", "meta": {"provider": "p"},
+               "sent_at": (T0 + timedelta(milliseconds=2 * i, seconds=1)).isoformat()}
+        out.append((doc["sms_id"].encode(), dumps(doc)))
+    return out
+
+
+def pipeline(tmp: Path, kafka: KafkaServer, topic: str, name: str) -> Path:
+    doc = load_example("sms-dedup.yaml")
+    doc["metadata"]["name"] = name
+    spec = doc["spec"]
+    spec["sources"][0]["kafka"]["topic"] = topic
+    spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = 50_000
+    spec["sink"]["clickhouse"]["table"] = name.replace("-", "_")
+    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 100_000, "maxDelay": "1s"}
+    spec["deadLetter"]["topic"] = f"{topic}-dlq"
+    return write_pipeline(doc, tmp, f"{name}.yaml")
+
+
+def lag(kafka: KafkaServer, name: str, topic: str) -> int:
+    return sum(max(0, end - max(c, 0)) for c, end in group_lag(kafka.bootstrap, f"glasspipe.default.{name}",
+                                                               topic).values())
+
+
+def run_replicas(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, n: int, total: int) -> None:
+    name = f"bench-{n}r-{uuid.uuid4().hex[:6]}"
+    path = pipeline(tmp, kafka, topic, name)
+    started = time.monotonic()
+    jobs = [start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{name}",
+                             tmp / f"{name}-{i}.log", "--replica", str(i), "--replicas", str(n)) for i in range(n)]
+    first_commit = None
+    try:
+        while True:
+            remaining = lag(kafka, name, topic)
+            if first_commit is None and remaining < total:
+                first_commit = time.monotonic()
+            if remaining == 0:
+                break
+            for j in jobs:
+                if not j.alive():
+                    raise RuntimeError(j.log_tail(40))
+            time.sleep(0.2)
+    finally:
+        for j in jobs:
+            j.stop(timeout=60)
+    done = time.monotonic()
+    steady = done - (first_commit or started)
+    rows = ch.client().execute(f"SELECT count() FROM {name.replace('-', '_')}")[0][0]
+    print(f"{n} replica(s): {total} events in {done - started:.1f} s wall (incl. Spark start-up), "
+          f"{steady:.1f} s from the first commit: {total / steady:,.0f} events/s; {rows} rows written")
+
+
+def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, more: int) -> None:
+    """2 replicas drain the topic; then `more` events arrive and the pipeline is rescaled to 3."""
+    name = f"bench-rescale-{uuid.uuid4().hex[:6]}"
+    path = pipeline(tmp, kafka, topic, name)
+    ckpt = tmp / f"ckpt-{name}"
+
+    def start(n: int) -> list:  # type: ignore[type-arg]
+        return [start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", ckpt, tmp / f"{name}-{i}of{n}.log",
+                                 "--replica", str(i), "--replicas", str(n)) for i in range(n)]
+
+    jobs = start(2)
+    while lag(kafka, name, topic):
+        time.sleep(0.5)
+    produce(kafka.bootstrap, topic, events(more, 0.2, 2))
+    t_stop = time.monotonic()
+    for j in jobs:
+        j.stop(timeout=60)
+    t_stopped = time.monotonic()
+    jobs = start(3)
+    while lag(kafka, name, topic):
+        time.sleep(0.2)
+    t_caught_up = time.monotonic()
+    for j in jobs:
+        j.stop(timeout=60)
+    warmup = 0
+    for i in range(3):
+        for line in (tmp / f"{name}-{i}of3.log").read_text().splitlines():
+            if line.startswith("glasspipe run:"):
+                warmup += int(line.split("warm-up rows ")[1].split(",")[0])
+    print(f"rescale 2 -> 3 with {more} new events waiting: old replicas stopped in {t_stopped - t_stop:.1f} s, "
+          f"new ones caught up {t_caught_up - t_stopped:.1f} s later (Spark start-up, warm-up, the new events); "
+          f"warm-up re-read {warmup} rows (window + allowedLateness of each partition)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--replicas", default="1,2,3")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp_s, KafkaServer() as kafka, ClickHouseServer() as ch:
+        tmp = Path(tmp_s)
+        topic = "bench-sms"
+        kafka.create_topic(topic, 6)
+        kafka.create_topic(f"{topic}-dlq", 1)
+        produce(kafka.bootstrap, topic, events(args.events, 0.2, 1))
+        print(f"produced {args.events} events (20 % duplicates) to 6 partitions")
+        for n in (int(x) for x in args.replicas.split(",")):
+            run_replicas(tmp, kafka, ch, topic, n, args.events)
+        rescale(tmp, kafka, ch, topic, max(args.events // 10, 1000))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
