@@ -20,6 +20,7 @@ import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
@@ -37,12 +38,12 @@ def events(n: int, dup_share: float, seed: int) -> list[tuple[bytes, bytes]]:
     for i in range(uniques):
         doc = {"sms_id": f"b-{i:08d}", "status": "first", "phone": "+1", "meta": {"provider": "p"},
                "sent_at": (T0 + timedelta(milliseconds=2 * i)).isoformat()}
-        out.append((doc["sms_id"].encode(), dumps(doc)))
+        out.append((f"b-{i:08d}".encode(), dumps(doc)))
     for _ in range(n - uniques):
         i = rng.randrange(uniques)
         doc = {"sms_id": f"b-{i:08d}", "status": "repeat", "phone": "+1", "meta": {"provider": "p"},
                "sent_at": (T0 + timedelta(milliseconds=2 * i, seconds=1)).isoformat()}
-        out.append((doc["sms_id"].encode(), dumps(doc)))
+        out.append((f"b-{i:08d}".encode(), dumps(doc)))
     return out
 
 
@@ -97,7 +98,7 @@ def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, mor
     path = pipeline(tmp, kafka, topic, name)
     ckpt = tmp / f"ckpt-{name}"
 
-    def start(n: int) -> list:  # type: ignore[type-arg]
+    def start(n: int) -> list[Any]:
         return [start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", ckpt, tmp / f"{name}-{i}of{n}.log",
                                  "--replica", str(i), "--replicas", str(n)) for i in range(n)]
 

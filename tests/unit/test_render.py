@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from glasspipe.api.models import GlassPipelineSpec
 from glasspipe.api.validation import validate_resource
 from glasspipe.cli import main
 from glasspipe.render import render_selector, render_spark_applications
@@ -13,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
 
 
-def spec_of(name: str, **changes: object):  # type: ignore[no-untyped-def]
+def spec_of(name: str, **changes: object) -> GlassPipelineSpec:
     doc = yaml.safe_load((ROOT / "examples" / name).read_text())
     doc["spec"].update(changes)
     return validate_resource(doc)[0]
