@@ -29,7 +29,7 @@ pytestmark = pytest.mark.e2e
 
 T0 = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
 NAME = "sms-dedup"
-APP_TIMEOUT = 300.0  # a local Spark driver starts in 20-60 s on a busy 2-core box
+APP_TIMEOUT = 600.0  # a local Spark driver starts in 20-60 s on a quiet 2-core box, minutes on a loaded one
 GP = "glasspipelines.glasspipe.io"
 
 

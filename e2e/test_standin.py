@@ -83,7 +83,7 @@ def cluster(kube: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def test_failure_without_retry_is_failed_with_the_log_tail(cluster: Cluster) -> None:
-    cluster.create("never", {"type": "Never"}, sleep=1, exit=3)
+    cluster.create("never", {"type": "Never"}, sleep=5, exit=3)  # lives past --running-after on a busy box
     cluster.wait("never", "RUNNING", 1)
     _, _, error = cluster.wait("never", "FAILED", 1)
     assert "driver process exited with code 3" in error and "fake driver exits with 3" in error
