@@ -8,10 +8,8 @@ the pipeline's real lag, and a replica that takes over partitions starts where t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
-
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition

@@ -125,9 +125,12 @@ def prepare_handover(spark: SparkSession, config: JobConfig, sink: ClickHouseSin
         fallback = EARLIEST if a.source.kafka.starting_offsets == "earliest" else LATEST
         resume[topic] = {p: progress.get(topic, {}).get(p, committed.get(p, fallback)) for p in a.partitions}
         read_from[topic] = dict(resume[topic])
-        if a.source.deduplication and any(o > 0 for o in resume[topic].values()):
-            lookback = (parse_duration_ms(a.source.deduplication.window)
-                        + parse_duration_ms(a.source.event_time.allowed_lateness))
+        windows = [parse_duration_ms(w) for w in (
+            a.source.deduplication.window if a.source.deduplication else None,
+            config.spec.join.window if config.spec.join else None) if w]
+        if windows and any(o > 0 for o in resume[topic].values()):
+            # re-read what the stateful operators must remember: the longest window plus the lateness
+            lookback = max(windows) + parse_duration_ms(a.source.event_time.allowed_lateness)
             read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: resume[topic]}, lookback))
     decision = ho.Handover(writer_id, resume, read_from)
     files.write(ho.HANDOVER_FILE, decision.to_json())

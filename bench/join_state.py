@@ -1,0 +1,206 @@
+"""Sustained temporal join on local Spark: throughput and join state size (the whole job: Kafka ->
+parse/check -> stream-stream join -> exactly-once ClickHouse sink).
+
+Run: $GLASSPIPE_CACHE/venv/bin/python bench/join_state.py [--rate 10000] [--seconds 90] [--window 30s]
+
+Starts its own throw-away Kafka and ClickHouse, runs examples/orders-users-join.yaml (inner join,
+window ``--window``, allowed lateness ``--lateness`` on both sides) in this process's Spark
+(local[2]), and a generator process that produces ``--rate`` orders and ``--rate`` user events per
+second with event time = now, each order matching exactly one user event (``--rate`` matched pairs/s).
+Every 5 s it prints the query progress: input and processed rows/s, the join's state rows
+(``numRowsTotal``) and RocksDB memory (``memoryUsedBytes``), rows landed in ClickHouse, and Kafka lag.
+Expected steady state: each side holds ~rate x (window + lateness + batch interval) rows. At the end
+it prints every micro-batch's progress (records read, durations, state rows, RocksDB memory, the join's
+update / eviction / commit times) and the sustained rate. ``--conf k=v`` adds Spark settings, e.g.
+``--conf spark.sql.streaming.join.stateFormatV4.enabled=true --conf spark.sql.streaming.join.stateFormatVersion=4``
+(Spark 4.2's time-indexed join state). Results: docs/semantics.md, Joins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import time
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+for sub in ("dev", "operator", "sparkapp"):
+    sys.path.insert(0, str(ROOT / sub))
+
+from glasspipe.api.durations import parse_duration_ms  # noqa: E402
+from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
+from glasspipe_dev.kafka import KafkaServer  # noqa: E402
+from glasspipe_dev.pipelines import load_example  # noqa: E402
+
+
+def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float, produced: Any) -> None:
+    """Produce ``rate`` pairs per second in 50 ms ticks; event time = the tick's wall clock."""
+    from confluent_kafka import Producer
+
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
+                  "queue.buffering.max.messages": 1_000_000, "compression.type": "lz4"})
+    tick = 0.05
+    per_tick = max(1, int(rate * tick))
+    start = time.monotonic()
+    k = 0
+    while time.monotonic() - start < seconds:
+        due = start + (k // per_tick) * tick
+        if (delay := due - time.monotonic()) > 0:
+            time.sleep(delay)
+        now = datetime.now(UTC).isoformat()
+        for _ in range(per_tick):
+            uid = f"u{k}"
+            key = uid.encode()
+            while True:
+                try:
+                    p.produce(users, key=key, value=(f'{{"user_id":"{uid}","country":"c{k % 50}","plan":"pro",'
+                                                     f'"updated_at":"{now}"}}').encode())
+                    p.produce(orders, key=key, value=(f'{{"order_id":"o{k}","user_id":"{uid}","amount":{k % 1000},'
+                                                      f'"created_at":"{now}"}}').encode())
+                    break
+                except BufferError:
+                    p.poll(0.05)
+            k += 1
+        p.poll(0)
+        produced.value = k
+    p.flush(60)
+    produced.value = k
+
+
+def records_read(progress: dict[str, Any]) -> int:
+    """Kafka records a micro-batch consumed (end - start offsets per source). ``numInputRows`` counts
+    each source twice: the job scans a batch's records once for the join and once for dead letters."""
+    seen: dict[str, int] = {}
+    for src in progress.get("sources") or []:
+        start = src.get("startOffset")
+        start = json.loads(start) if isinstance(start, str) else (start or {})
+        end = src.get("endOffset")
+        end = json.loads(end) if isinstance(end, str) else (end or {})
+        n = sum(int(o) - int(start.get(t, {}).get(p, o)) for t, parts in end.items() for p, o in parts.items())
+        seen[src.get("description", "")] = n
+    return sum(seen.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rate", type=int, default=10_000, help="matched pairs per second produced")
+    ap.add_argument("--seconds", type=float, default=90)
+    ap.add_argument("--window", default="30s")
+    ap.add_argument("--lateness", default="5s")
+    ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--trigger", default="1s", help="batching.maxDelay (micro-batch interval)")
+    ap.add_argument("--max-per-trigger", type=int, default=30_000,
+                    help="maxOffsetsPerTrigger per source (bounds a micro-batch; 0: unbounded)")
+    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Spark setting (spec.spark.conf), e.g. spark.sql.streaming.join.stateFormatVersion=4")
+    args = ap.parse_args()
+
+    from glasspipe_job.config import config_from_resource, load_job_config
+    from glasspipe_job.local import local_session
+    from glasspipe_job.metrics import offsets_behind
+    from glasspipe_job.runner import session_conf, start_pipeline
+
+    tmp = Path(tempfile.mkdtemp(prefix="gp-bench-join-"))
+    with KafkaServer() as kafka, ClickHouseServer() as ch:
+        suffix = uuid.uuid4().hex[:6]
+        orders, users, table = f"orders-{suffix}", f"users-{suffix}", f"bench_join_{suffix}"
+        for t in (orders, users):
+            kafka.create_topic(t, args.partitions)
+        kafka.create_topic(f"{orders}-dlq", 1)
+        doc = load_example("orders-users-join.yaml")
+        spec = doc["spec"]
+        for s, topic in zip(spec["sources"], (orders, users), strict=True):
+            s["kafka"].update(topic=topic, bootstrapServers=kafka.bootstrap)
+            s["eventTime"]["allowedLateness"] = args.lateness
+            if args.max_per_trigger:
+                s["kafka"]["maxOffsetsPerTrigger"] = args.max_per_trigger
+        spec["join"]["window"] = args.window
+        spec["sink"]["clickhouse"].update(hosts=[f"127.0.0.1:{ch.port}"], table=table,
+                                          batching={"maxDelay": args.trigger})
+        spec["deadLetter"]["topic"] = f"{orders}-dlq"
+        spec["checkpoint"]["location"] = (tmp / "ckpt").as_uri()
+        spec.setdefault("spark", {}).setdefault("conf", {}).update(kv.split("=", 1) for kv in args.conf)
+        config = load_job_config(config_from_resource(doc))
+        spark = local_session("glasspipe-bench-join", session_conf(config))
+        running = start_pipeline(spark, config)
+        produced = mp.Value("q", 0)
+        gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced))
+        started = time.monotonic()
+        gen.start()
+        client = ch.client()
+        expected_state = 2 * args.rate * (parse_duration_ms(args.window) + parse_duration_ms(args.lateness)) / 1000
+        print(f"rate {args.rate} pairs/s for {args.seconds:.0f} s, window {args.window}, lateness {args.lateness}, "
+              f"{args.partitions} partitions, trigger {args.trigger}; expected steady join state "
+              f"~{expected_state:,.0f} rows (+ one batch interval)")
+        print(f"{'t[s]':>5} {'produced':>9} {'written':>9} {'in/s':>7} {'proc/s':>7} {'batch ms':>8} "
+              f"{'state rows':>10} {'state MB':>8} {'lag':>8}")
+        samples: list[dict[str, float]] = []
+        last_written, last_t = 0, started
+        try:
+            while gen.is_alive() or time.monotonic() - started < args.seconds + 60:
+                time.sleep(5)
+                now = time.monotonic()
+                try:
+                    written = int(client.execute(f"SELECT count() FROM {table}")[0][0])
+                except Exception:
+                    written = 0
+                p: dict[str, Any] = running.query.lastProgress or {}
+                ops = p.get("stateOperators") or []
+                join_ops = [o for o in ops if "Join" in o.get("operatorName", "")] or ops
+                state_rows = sum(int(o.get("numRowsTotal") or 0) for o in join_ops)
+                mem = sum(int(o.get("memoryUsedBytes") or 0) for o in join_ops)
+                lag = sum(offsets_behind(src.get("endOffset"), src.get("latestOffset"))
+                          for src in p.get("sources") or [])
+                s = {"t": now - started, "produced": produced.value, "written": written,
+                     "in": float(p.get("inputRowsPerSecond") or 0), "proc": float(p.get("processedRowsPerSecond") or 0),
+                     "batch_ms": float((p.get("durationMs") or {}).get("triggerExecution") or 0),
+                     "state": state_rows, "mem": mem / 1e6, "lag": lag,
+                     "write_rate": (written - last_written) / (now - last_t)}
+                samples.append(s)
+                last_written, last_t = written, now
+                print(f"{s['t']:5.0f} {s['produced']:9,.0f} {s['written']:9,.0f} {s['in']:7,.0f} {s['proc']:7,.0f} "
+                      f"{s['batch_ms']:8,.0f} {s['state']:10,.0f} {s['mem']:8,.1f} {s['lag']:8,.0f}")
+                if not gen.is_alive() and written >= produced.value:
+                    break
+        finally:
+            gen.join(5)
+        total = samples[-1]["written"] if samples else 0
+        print("\nper micro-batch (query progress): records read, total / addBatch / planning ms, join state rows, "
+              "RocksDB MB, join updates / removals / commit ms, rows dropped by watermark")
+        for prog in running.query.recentProgress:
+            ops = [o for o in prog.get("stateOperators") or [] if "Join" in o.get("operatorName", "")]
+            d = prog.get("durationMs") or {}
+
+            def op_sum(key: str, ops: list[dict[str, Any]] = ops) -> int:
+                return sum(int(o.get(key) or 0) for o in ops)
+
+            print(f"{prog['batchId']:5} {records_read(prog):9,} {d.get('triggerExecution', 0):7,} "
+                  f"{d.get('addBatch', 0):7,} {d.get('queryPlanning', 0):6,} {op_sum('numRowsTotal'):10,} "
+                  f"{op_sum('memoryUsedBytes') / 1e6:7,.1f} {op_sum('allUpdatesTimeMs'):7,} "
+                  f"{op_sum('allRemovalsTimeMs'):7,} {op_sum('commitTimeMs'):7,} "
+                  f"{op_sum('numRowsDroppedByWatermark'):6,}")
+        progress = [p for p in running.query.recentProgress if p["numInputRows"]][2:]  # skip start-up batches
+        if progress:
+            rows = sum(records_read(p) for p in progress)
+            ms = sum((p.get("durationMs") or {}).get("triggerExecution", 0) for p in progress)
+            states = [sum(int(o.get("numRowsTotal") or 0) for o in p.get("stateOperators") or []) for p in progress]
+            mems = [sum(int(o.get("memoryUsedBytes") or 0) for o in p.get("stateOperators") or []) for p in progress]
+            per_s = rows / max(ms, 1) * 1000
+            print(f"\nbatches {progress[0]['batchId']}..{progress[-1]['batchId']}: {rows:,} Kafka records in "
+                  f"{ms / 1000:.1f} s = {per_s:,.0f} records/s = {per_s / 2:,.0f} matched pairs/s "
+                  f"(produced {args.rate:,}/s); join state max {max(states):,} rows, RocksDB memory max "
+                  f"{max(mems) / 1e6:,.1f} MB; lag at the end {samples[-1]['lag'] if samples else 0:,} records")
+        running.query.stop()
+        running.close()
+        print(f"produced {produced.value:,} pairs, {total:,} joined rows in ClickHouse "
+              f"({'all' if total == produced.value else 'NOT all'} matched pairs)")
+
+
+if __name__ == "__main__":
+    main()

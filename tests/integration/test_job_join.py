@@ -1,0 +1,230 @@
+"""Temporal joins of two Kafka topics end to end on real Kafka, Spark and ClickHouse: matches within
+the window in either arrival order, many-to-many, left joins after the window, dedup before the join,
+dead letters of both sides, offsets of both topics, and exactly-once across SIGKILLs.
+
+Each section of docs/semantics.md "Joins" names the test that checks it."""
+
+from __future__ import annotations
+
+import random
+import time
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import (
+    consume_all,
+    dumps,
+    group_lag,
+    load_example,
+    produce,
+    run_to_end,
+    start_continuous,
+    totals,
+    write_pipeline,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar", "spark_jars")]
+T0 = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
+HOUR = timedelta(hours=1)  # the examples' join window
+
+
+def order(order_id: str, user_id: str, at: datetime, amount: float = 1.0) -> tuple[bytes, bytes]:
+    doc = {"order_id": order_id, "user_id": user_id, "amount": amount, "created_at": at.isoformat()}
+    return user_id.encode(), dumps(doc)
+
+
+def user(user_id: str, country: str, at: datetime, plan: str = "free") -> tuple[bytes, bytes]:
+    doc = {"user_id": user_id, "country": country, "plan": plan, "updated_at": at.isoformat()}
+    return user_id.encode(), dumps(doc)
+
+
+class Join:
+    """One of the join examples on fresh topics and a fresh table."""
+
+    def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, example: str, *,
+                 join_type: str | None = None, partitions: int = 2, max_per_trigger: int | None = None,
+                 extra_columns: list[dict[str, str]] | None = None, **batching: Any) -> None:
+        suffix = uuid.uuid4().hex[:8]
+        self.kafka, self.ch, self.tmp = kafka, ch, tmp_path
+        self.orders, self.users, self.table = f"orders-{suffix}", f"users-{suffix}", f"enriched_{suffix}"
+        self.dlq = f"join-{suffix}-dlq"
+        for topic in (self.orders, self.users):
+            kafka.create_topic(topic, partitions)
+        kafka.create_topic(self.dlq, 1)
+        doc = load_example(example)
+        self.name = f"join-{suffix}"
+        doc["metadata"]["name"] = self.name
+        spec = doc["spec"]
+        spec["sources"][0]["kafka"]["topic"] = self.orders
+        spec["sources"][1]["kafka"]["topic"] = self.users
+        if max_per_trigger:
+            for s in spec["sources"]:
+                s["kafka"]["maxOffsetsPerTrigger"] = max_per_trigger
+        if join_type:
+            spec["join"]["type"] = join_type
+        spec["sink"]["clickhouse"]["table"] = self.table
+        spec["sink"]["clickhouse"]["columns"] += extra_columns or []
+        spec["sink"]["clickhouse"].setdefault("batching", {}).update(batching)
+        spec["deadLetter"]["topic"] = self.dlq
+        self.path = write_pipeline(doc, tmp_path)
+        self.ckpt = tmp_path / "ckpt"
+
+    def produce(self, orders: Sequence[tuple[bytes, bytes]] = (), users: Sequence[tuple[bytes, bytes]] = ()) -> None:
+        if orders:
+            produce(self.kafka.bootstrap, self.orders, orders)
+        if users:
+            produce(self.kafka.bootstrap, self.users, users)
+
+    def run(self) -> str:
+        started = time.monotonic()
+        done = run_to_end(self.path, self.kafka.bootstrap, f"127.0.0.1:{self.ch.port}", self.ckpt)
+        self.last_log = done.stderr
+        print(f"{totals(done.stdout)} in {time.monotonic() - started:.1f} s")
+        return totals(done.stdout)
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return self.ch.client().execute(
+            f"SELECT order_id, user_id, country, plan FROM {self.table} ORDER BY order_id, country")
+
+    def count(self) -> int:
+        try:
+            return int(self.ch.client().execute(f"SELECT count() FROM {self.table}")[0][0])
+        except Exception:  # the table is created by the job's first batch
+            return 0
+
+
+def test_inner_join_matches_within_the_window_in_either_arrival_order(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    label = {"name": "label", "expression": "concat(orders.user_id, '/', country, '/', amount * 100)",
+             "type": "Nullable(String)"}  # fields of both sides in one expression
+    j = Join(tmp_path, kafka, clickhouse, "orders-users-join.yaml", extra_columns=[label])
+    # run 1: o1's user has not arrived yet; u2 arrives before its order
+    j.produce(
+        orders=[order("o1", "u1", T0 + timedelta(minutes=10)),
+                order("o4", "u4", T0 + timedelta(minutes=5)),          # u4 only outside the window
+                order("o5", "u5", T0 + timedelta(minutes=20))],        # u5 twice: many-to-many
+        users=[user("u2", "FR", T0 + timedelta(minutes=30)),
+               user("u4", "XX", T0 + timedelta(minutes=5) - HOUR - timedelta(seconds=1)),  # 1h00m01s earlier
+               user("u5", "DE", T0 + timedelta(minutes=1)), user("u5", "AT", T0 + timedelta(minutes=39))],
+    )
+    first = j.run()
+    assert j.rows() == [("o5", "u5", "AT", "free"), ("o5", "u5", "DE", "free")], first
+    # run 2 (later micro-batches, from the checkpoint; event times above the watermark of run 1, which
+    # is min over both sides of newest - 1m = T0+19m): u1 arrives after its order (event time 1 h
+    # later: exactly the window, matches); o2 arrives after its user (event time 5 min before it)
+    # o6 is late (T0+10m, below that watermark): dropped and counted, although u2 would match it
+    j.produce(orders=[order("o2", "u2", T0 + timedelta(minutes=25)), order("o3", "u3", T0 + timedelta(minutes=20)),
+                      order("o6", "u2", T0 + timedelta(minutes=10))],
+              users=[user("u1", "US", T0 + timedelta(minutes=10) + HOUR),
+                     user("u3", "PL", T0 + timedelta(minutes=20) + HOUR + timedelta(milliseconds=1))])  # just outside
+    second = j.run()
+    assert j.rows() == [("o1", "u1", "US", "free"), ("o2", "u2", "FR", "free"),
+                        ("o5", "u5", "AT", "free"), ("o5", "u5", "DE", "free")], second
+    assert "rows written 2" in second and "late dropped 1" in second, second
+    assert clickhouse.client().execute(f"SELECT label FROM {j.table} WHERE order_id = 'o1'") == [("u1/US/100.0",)]
+    # both topics' offsets are committed to the pipeline's consumer group
+    group = f"glasspipe.default.{j.name}"
+    for topic, n in ((j.orders, 6), (j.users, 6)):
+        lag = group_lag(kafka.bootstrap, group, topic)
+        assert sum(end for _, end in lag.values()) == n and all(c == e for c, e in lag.values()), (topic, lag)
+
+
+def test_left_join_emits_unmatched_orders_with_nulls_after_the_window(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    j = Join(tmp_path, kafka, clickhouse, "orders-users-join.yaml", join_type="left")
+    j.produce(orders=[order("o1", "u1", T0), order("o2", "nobody", T0 + timedelta(minutes=1))],
+              users=[user("u1", "US", T0 + timedelta(minutes=30))])
+    first = j.run()
+    # the match lands at once; the unmatched order waits for the window (a user may still come)
+    assert j.rows() == [("o1", "u1", "US", "free")], first
+    # event time moves past o2 + window + allowed lateness (1m) on both topics: the watermark passes
+    later = T0 + timedelta(minutes=1) + HOUR + timedelta(minutes=2)
+    j.produce(orders=[order("o9", "u9", later)], users=[user("u9", "SE", later)])
+    second = j.run()  # its last (no-data) micro-batch runs with the advanced watermark
+    rows = j.rows()
+    assert rows == [("o1", "u1", "US", "free"), ("o2", "nobody", None, None), ("o9", "u9", "SE", "free")], second
+    nulls = clickhouse.client().execute(
+        f"SELECT toTypeName(country), toTypeName(plan) FROM {j.table} LIMIT 1")[0]
+    assert nulls == ("Nullable(String)", "Nullable(String)")
+
+
+def test_dedup_then_join_writes_no_duplicate_joined_rows_and_dead_letters_both_sides(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml")  # a left join
+    orders = [order(f"o{i}", f"u{i % 10}", T0 + timedelta(seconds=i)) for i in range(100)]
+    users = [user(f"u{i}", "NL", T0 + timedelta(minutes=1)) for i in range(10)]
+    rng = random.Random(3)
+    dup_orders = [orders[rng.randrange(100)] for _ in range(30)]  # the same records again (producer retries)
+    dup_users = users[:5] * 2
+    bad_orders = [(b"x", b"{broken"), (b"y", dumps({"order_id": "o-nouser", "created_at": T0.isoformat()}))]
+    bad_users = [(b"z", dumps({"user_id": "u-notime", "country": "NL"}))]
+    j.produce(orders=orders[:60] + dup_orders[:10] + bad_orders, users=users + dup_users[:5] + bad_users)
+    first = j.run()
+    j.produce(orders=orders[60:] + dup_orders[10:], users=dup_users[5:])  # duplicates in a later batch too
+    second = j.run()
+    got = clickhouse.client().execute(f"SELECT count(), uniqExact(order_id), countIf(country != 'NL') "
+                                      f"FROM {j.table}")[0]
+    assert got == (100, 100, 0), (first, second)
+    dropped = sum(int(s.split("duplicates dropped ")[1].split(",")[0]) for s in (first, second))
+    assert dropped == 30 + 10, (first, second)
+    dead = consume_all(kafka.bootstrap, j.dlq, expected=3)
+    by_topic = sorted((dict(m.headers())["glasspipe.source.topic"].decode(),
+                       dict(m.headers())["glasspipe.reason"].decode()) for m in dead)
+    assert by_topic == sorted([(j.orders, "malformed_json: not a JSON object"),
+                               (j.orders, "missing_required_field: user_id"),
+                               (j.users, "missing_key: updated_at")]), by_topic
+    assert "dead-lettered 3" in first, first
+
+
+def test_sigkill_at_random_moments_joined_output_exact(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml", join_type="inner", partitions=2,
+             max_per_trigger=600, maxRows=500, maxDelay="200ms")
+    rng = random.Random(7)
+    n_orders, n_users = 12_000, 2_000
+    users = [user(f"u{i}", f"c{i % 7}", T0 + timedelta(milliseconds=150 * i)) for i in range(n_users)]
+    orders: list[tuple[bytes, bytes]] = []
+    for i in range(n_orders):
+        orders.append(order(f"o{i:06d}", f"u{rng.randrange(n_users)}", T0 + timedelta(milliseconds=25 * i)))
+        if i > 10 and rng.random() < 0.08:  # a repeat of a recent order (inside the dedup window)
+            orders.append(orders[-rng.randrange(2, 10)])
+    j.produce(orders=orders, users=users)
+    kills, counts = 0, []
+    while kills < 5:
+        job = start_continuous(j.path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", j.ckpt, tmp_path / "job.log")
+        try:
+            before = j.count()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if not job.alive():
+                    raise AssertionError(f"job died by itself:\n{job.log_tail(60)}")
+                if j.count() > before:
+                    break
+                time.sleep(0.3)
+            time.sleep(rng.uniform(0.0, 3.0))
+        finally:
+            job.kill()
+        kills += 1
+        counts.append(j.count())
+        if counts[-1] >= n_orders:
+            break
+    summary = j.run()
+    rows, distinct, unmatched = clickhouse.client().execute(
+        f"SELECT count(), uniqExact(order_id), countIf(country IS NULL) FROM {j.table}")[0]
+    print(f"kills: {kills}, rows after each kill: {counts}, final: {summary}")
+    assert kills >= 5, f"the job finished before 5 kills ({counts}): make the stream longer"
+    assert (rows, distinct, unmatched) == (n_orders, n_orders, 0)
+    expected = {f"o{i:06d}" for i in range(n_orders)}
+    landed = {r[0] for r in clickhouse.client().execute(f"SELECT order_id FROM {j.table}")}
+    assert landed == expected
