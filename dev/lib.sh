@@ -22,5 +22,5 @@ gp_timed() {
   start=$(date +%s)
   "$@"
   end=$(date +%s)
-  gp_log "$1 took $((end - start)) s"
+  gp_log "${*: -1} took $((end - start)) s"
 }
