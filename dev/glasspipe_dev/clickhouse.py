@@ -16,11 +16,10 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from glasspipe_dev.paths import NotInstalledError
-from glasspipe_dev.process import ServerProcess, free_port, port_open
+from glasspipe_dev.process import RestartableServer, ServerProcess, free_port, port_open
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
@@ -127,7 +126,7 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in m.group(1).split("."))
 
 
-class ClickHouseServer:
+class ClickHouseServer(RestartableServer):
     """One clickhouse-server child process with its own config, data and log folder."""
 
     host = "127.0.0.1"
@@ -215,40 +214,6 @@ class ClickHouseServer:
             return bool(client.execute("SELECT 1") == [(1,)])
         finally:
             client.disconnect()
-
-    def running(self) -> bool:
-        return self._process is not None and self._process.alive()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """A clean shutdown (SIGTERM); the data folder and ports are kept for start()."""
-        if self._process is not None:
-            self._process.stop(timeout=timeout)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash. start() afterwards recovers from the data folder as a real server would."""
-        if self._process is not None:
-            self._process.kill()
-
-    def restart(self, down_for: float = 0.0) -> None:
-        """stop(), stay down ``down_for`` seconds, start() again on the same ports and data."""
-        self.stop()
-        if down_for > 0:
-            time.sleep(down_for)
-        self.start()
-
-    def close(self) -> None:
-        """Stop for good and remove the temporary folder (only if we created it)."""
-        self.stop()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> ClickHouseServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # -- clients -----------------------------------------------------------------------------
 

@@ -11,18 +11,16 @@ the same, so tests can take Kafka away mid-run and bring it back with its topics
 from __future__ import annotations
 
 import base64
-import shutil
 import subprocess
 import tempfile
 import time
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import TYPE_CHECKING
 
 from glasspipe_dev.paths import NotInstalledError, cache_dir, java_home
-from glasspipe_dev.process import ServerProcess, free_port, port_open
+from glasspipe_dev.process import RestartableServer, ServerProcess, free_port, port_open
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -102,7 +100,7 @@ def random_cluster_id() -> str:
             return text
 
 
-class KafkaServer:
+class KafkaServer(RestartableServer):
     """One Kafka KRaft node (broker + controller) as a child JVM with its own data and log folder."""
 
     host = "127.0.0.1"
@@ -223,40 +221,6 @@ class KafkaServer:
             return False
         metadata = self.admin().list_topics(timeout=2)
         return bool(metadata.brokers) and 1 in metadata.brokers
-
-    def running(self) -> bool:
-        return self._process is not None and self._process.alive()
-
-    def stop(self, timeout: float = 30.0) -> None:
-        """A controlled shutdown (SIGTERM); data folder, cluster id and ports are kept for start()."""
-        if self._process is not None:
-            self._process.stop(timeout=timeout)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash. start() afterwards recovers from the data folder as a real broker would."""
-        if self._process is not None:
-            self._process.kill()
-
-    def restart(self, down_for: float = 0.0) -> None:
-        """stop(), stay down ``down_for`` seconds, start() again on the same ports and data."""
-        self.stop()
-        if down_for > 0:
-            time.sleep(down_for)
-        self.start()
-
-    def close(self) -> None:
-        """Stop for good and remove the temporary folder (only if we created it)."""
-        self.stop()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def __enter__(self) -> KafkaServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     # -- clients -----------------------------------------------------------------------------
 

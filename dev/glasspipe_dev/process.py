@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Self
 
 
 def free_port() -> int:
@@ -103,3 +105,50 @@ class ServerProcess:
         if self.proc is not None and self.proc.poll() is None:
             os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+class RestartableServer:
+    """Lifecycle shared by the local servers: stop/kill/restart on the same ports and data, close, ``with``.
+
+    Subclasses set ``_process`` (a ServerProcess, or None before the first start), ``workdir`` and
+    ``_own_workdir``, and implement ``start()`` (re-entrant: it starts again after stop() or kill()).
+    """
+
+    _process: ServerProcess | None
+    workdir: Path
+    _own_workdir: bool
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def running(self) -> bool:
+        return self._process is not None and self._process.alive()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """A clean shutdown (SIGTERM); the data folder and ports are kept for start()."""
+        if self._process is not None:
+            self._process.stop(timeout=timeout)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash. start() afterwards recovers from the data folder as a real server would."""
+        if self._process is not None:
+            self._process.kill()
+
+    def restart(self, down_for: float = 0.0) -> None:
+        """stop(), stay down ``down_for`` seconds, start() again on the same ports and data."""
+        self.stop()
+        if down_for > 0:
+            time.sleep(down_for)
+        self.start()
+
+    def close(self) -> None:
+        """Stop for good and remove the temporary folder (only if we created it)."""
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
