@@ -107,18 +107,16 @@ class Crash(BaseException):
     """Stands for the driver process dying: not an Exception, so the sink does not retry it."""
 
 
-def test_batch_whose_first_chunks_landed_before_a_crash(clickhouse: ClickHouseServer) -> None:
-    table = new_table()
-    writer = "default.crashy-0"
-    dead = sink_for(clickhouse, table, writer_id=writer)
-    dead.open()
-    real_client = dead.client
+def die_after_chunks(sink: ClickHouseSink, table: str, chunks: int) -> None:
+    """Make the sink's process 'die' (raise Crash) when it sends its chunk number ``chunks`` + 1."""
+    sink.open()
+    real_client = sink.client
     inserts = {"n": 0}
 
-    class DiesAfterTwoChunks:
+    class Dies:
         def execute(self, query: str, *a: Any, **kw: Any) -> Any:
             if query.startswith(f"INSERT INTO `default`.`{table}`"):
-                if inserts["n"] == 2:
+                if inserts["n"] == chunks:
                     raise Crash()
                 inserts["n"] += 1
             return real_client.execute(query, *a, **kw)
@@ -126,7 +124,14 @@ def test_batch_whose_first_chunks_landed_before_a_crash(clickhouse: ClickHouseSe
         def disconnect(self) -> None:
             real_client.disconnect()
 
-    dead._client = DiesAfterTwoChunks()
+    sink._client = Dies()
+
+
+def test_batch_whose_first_chunks_landed_before_a_crash(clickhouse: ClickHouseServer) -> None:
+    table = new_table()
+    writer = "default.crashy-0"
+    dead = sink_for(clickhouse, table, writer_id=writer)
+    die_after_chunks(dead, table, 2)
     with pytest.raises(Crash):
         dead.write_batch(0, rows(0, 550), "o0")
     assert stats(clickhouse, table) == (200, 200) and ledger_rows(clickhouse, writer) == []
@@ -166,23 +171,8 @@ def test_successor_rolls_back_the_batch_a_stopped_writer_never_finished(clickhou
     takes over A's partitions, rolls A's abandoned batch back and writes those records itself."""
     table = new_table()
     a = sink_for(clickhouse, table, writer_id="default.pipe.0of1-aaaa")
-    a.open()
-    real_client = a.client
-    inserts = {"n": 0}
-
-    class DiesAfterTwoChunks:
-        def execute(self, query: str, *args: Any, **kw: Any) -> Any:
-            if query.startswith(f"INSERT INTO `default`.`{table}`"):
-                if inserts["n"] == 2:
-                    raise Crash()
-                inserts["n"] += 1
-            return real_client.execute(query, *args, **kw)
-
-        def disconnect(self) -> None:
-            real_client.disconnect()
-
     a.write_batch(0, rows(0, 300), '[{"t":{"0":300}}]')
-    a._client = DiesAfterTwoChunks()
+    die_after_chunks(a, table, 2)
     with pytest.raises(Crash):
         a.write_batch(1, rows(300, 850), '[{"t":{"0":850}}]')
     assert stats(clickhouse, table) == (500, 500)  # batch 0 and 2 chunks of batch 1
