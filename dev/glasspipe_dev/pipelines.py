@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from glasspipe_dev.paths import REPO_ROOT
 from glasspipe_dev.process import ServerProcess
@@ -107,7 +107,14 @@ def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int, in
     try:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
         parts = sorted(meta.partitions)
-        committed = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+        for attempt in range(50):  # the group coordinator may still be loading right after a broker start
+            try:
+                committed = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
+                break
+            except KafkaException:
+                if attempt == 49:
+                    raise
+                time.sleep(0.2)
         out = {}
         for tp in committed:
             _, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
