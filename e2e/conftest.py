@@ -6,6 +6,7 @@ registers each plugin module once even when both conftests name it.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -25,11 +26,22 @@ def glasspipe_operator(kube: KubeAPIServer, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
+def e2e_namespace(kube: KubeAPIServer) -> str:
+    """The namespace of the full-path tests: the stand-in runs only its SparkApplications, so pipelines
+    that other test modules left in the API server (pointing at hosts that do not exist here) never
+    become local Spark jobs."""
+    ns = f"e2e-{uuid.uuid4().hex[:8]}"
+    kube.kubectl("create", "namespace", ns)
+    return ns
+
+
+@pytest.fixture(scope="module")
 def spark_operator(kube: KubeAPIServer, glasspipe_operator: Operator, jvm_ops_jar: str, spark_jars: list[str],
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInProcess]:
-    """The spark-operator stand-in (once the CRDs exist): runs every SparkApplication as a local Spark job."""
+                   e2e_namespace: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[StandInProcess]:
+    """The spark-operator stand-in (once the CRDs exist): runs the e2e namespace's SparkApplications as
+    local Spark jobs."""
     standin = StandInProcess(kube.kubeconfig, tmp_path_factory.mktemp("standin"), "--running-after=3",
-                             "--kill-grace=10")
+                             "--kill-grace=10", "-n", e2e_namespace)
     standin.start()
     try:
         yield standin

@@ -122,9 +122,9 @@ def log_index(standin: StandIn, needle: str, start: int = 0) -> int:
 
 
 def test_apply_scale_crash_delete(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer,
-                                  glasspipe_operator: Operator, spark_operator: StandIn) -> None:
+                                  glasspipe_operator: Operator, spark_operator: StandIn, e2e_namespace: str) -> None:
     op, standin, clock, rng = glasspipe_operator, spark_operator, Clock(), random.Random(6)
-    ns = op.new_namespace()
+    ns = e2e_namespace
     suffix = uuid.uuid4().hex[:8]
     topic, table = f"e2e-sms-{suffix}", f"e2e_sms_{suffix}"
     kafka.create_topic(topic, 4)

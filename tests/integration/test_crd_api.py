@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,11 +21,13 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def api(kube: KubeAPIServer) -> KubeAPIServer:
+def api(kube: KubeAPIServer) -> Iterator[KubeAPIServer]:
     kube.kubectl("apply", "--server-side", "-f", str(ROOT / "crds" / "glasspipe.io_glasspipelines.yaml"))
     kube.kubectl("wait", "--for=condition=Established", "crd/glasspipelines.glasspipe.io", "--timeout=60s")
     kube.kubectl("create", "namespace", NS, check=False)
-    return kube
+    yield kube
+    # leave no pipelines behind for the operator tests that share this API server
+    kube.kubectl("delete", "gp", "--all", "-n", NS, "--wait=false", check=False)
 
 
 def example(name: str) -> dict[str, Any]:
