@@ -20,8 +20,10 @@ from confluent_kafka import Producer
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from glasspipe.api.validation import split_clickhouse_type
 from glasspipe_job.clickhouse_sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
+from glasspipe_job.handover import CheckpointFiles
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
 from glasspipe_job.transform import DUPLICATE, META_COLUMNS, REASON, STATUS, WARMUP
@@ -31,16 +33,7 @@ log = logging.getLogger("glasspipe.job")
 
 def read_offset_log(df: DataFrame, checkpoint: str, batch_id: int) -> list[dict[str, dict[str, int]]]:
     """End offsets of a batch, one dict per source, from Spark's write-ahead offset log."""
-    spark = df.sparkSession
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    path = jvm.org.apache.hadoop.fs.Path(f"{checkpoint}/offsets/{batch_id}")
-    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    stream = fs.open(path)
-    try:
-        text = jvm.org.apache.commons.io.IOUtils.toString(stream, "UTF-8")
-    finally:
-        stream.close()
+    text = CheckpointFiles(df.sparkSession, checkpoint).read(f"offsets/{batch_id}")
     lines = text.splitlines()[2:]  # "v1", then batch metadata, then one line per source
     return [json.loads(line) if line and line != "-" else {} for line in lines]
 
@@ -95,7 +88,7 @@ class BatchWriter:
         self.metrics = metrics
         self.checkpoint = checkpoint
         self.output_names = [c.name for c in config.columns]
-        self.required = [c.name for c in config.columns if "Nullable(" not in c.clickhouse_type]
+        self.required = [c.name for c in config.columns if not split_clickhouse_type(c.clickhouse_type)[1]]
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
