@@ -112,8 +112,7 @@ class BatchWriter:
         if dead.num_rows:
             self.dead_letters.send(dead)
             for r in dead.column(REASON).to_pylist():
-                kind = str(r).split(":")[0]
-                self.metrics.totals.per_reason[kind] = self.metrics.totals.per_reason.get(kind, 0) + 1
+                self.metrics.count_dead_letter(str(r).split(":")[0])
         data = {name: kept.column(name).to_pylist() for name in self.output_names}
         result = self.sink.write_batch(batch_id, data, json.dumps(offsets, sort_keys=True))
         for group, source_offsets in zip(self.groups, offsets, strict=False):

@@ -56,7 +56,16 @@ class JobMetrics:
             "glasspipe_keys_in_two_partitions",
             "Keys seen again in another Kafka partition within their window: dedup is only exact when the "
             "topic is partitioned by the key")
+        self.dead_letters_by_reason = Counter(
+            "glasspipe_dead_letters_by_reason", "Records sent to the dead-letter topic, by reason kind",
+            [*names, "reason"], registry=self.registry)
+        self._labels = labels
         self.totals = Totals()
+
+    def count_dead_letter(self, reason: str) -> None:
+        """One dead-lettered record of a reason kind (the text before the first colon)."""
+        self.totals.per_reason[reason] = self.totals.per_reason.get(reason, 0) + 1
+        self.dead_letters_by_reason.labels(**self._labels, reason=reason).inc()
 
     def serve(self, port: int) -> None:
         if port:
