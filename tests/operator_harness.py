@@ -13,7 +13,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -59,12 +59,12 @@ class Operator:
         self.proc: ServerProcess = None  # type: ignore[assignment]
         self.metrics_port = 0
 
-    def start(self) -> None:
+    def start(self, extra_args: Sequence[str] = ()) -> None:
         live, self.metrics_port = free_port(), free_port()
         exe = Path(sys.executable).with_name("glasspipe-operator")
         argv = [str(exe) if exe.exists() else shutil.which("glasspipe-operator") or "glasspipe-operator",
                 "--bind-address=127.0.0.1", f"--liveness-port={live}", f"--metrics-port={self.metrics_port}",
-                f"--reconcile-interval={INTERVAL}"]
+                f"--reconcile-interval={INTERVAL}", *extra_args]
         self.proc = ServerProcess("glasspipe-operator", argv, self.log, env={"KUBECONFIG": str(self.kubeconfig)})
         self.proc.start()
 
