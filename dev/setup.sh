@@ -11,5 +11,6 @@ gp_timed bash dev/install/spark-jars.sh
 gp_timed bash dev/install/jvm-ops.sh
 if [ "${GLASSPIPE_SKIP_KUBE:-0}" != "1" ]; then
   gp_timed bash dev/install/kube.sh
+  gp_timed bash dev/install/monitoring-crds.sh
 fi
 gp_log "set-up done in $(( $(date +%s) - start )) s"

@@ -23,6 +23,7 @@ import yaml
 from glasspipe.api.validation import validate_spec
 from glasspipe.render import render_spark_applications
 from glasspipe_dev.kube import KubeAPIServer, kube_bin
+from glasspipe_dev.paths import cache_dir
 from operator_harness import SPARK_CRD, Operator, apply_crd, wait_for
 
 pytestmark = pytest.mark.integration
@@ -81,7 +82,15 @@ def test_lint_strict_passes_and_schema_rejects_bad_values(helm: Helm) -> None:
     assert typo.returncode != 0 and "watchNamespace" in typo.stderr
 
 
-def test_monitors_render_only_when_asked(helm: Helm) -> None:
+def monitoring_crds() -> list[Path]:
+    """ServiceMonitor/PodMonitor CRDs of the real Prometheus Operator (dev/install/monitoring-crds.sh)."""
+    found = sorted((cache_dir() / "kube").glob("prometheus-operator-crds-*/monitoring.coreos.com_*.yaml"))
+    if len(found) < 2:
+        pytest.fail("Prometheus Operator CRDs not installed: run dev/install/monitoring-crds.sh", pytrace=False)
+    return found
+
+
+def test_monitors_render_only_when_asked(kube: KubeAPIServer, helm: Helm) -> None:
     def kinds(*extra: str) -> list[str]:
         return [d["kind"] for d in docs(helm.run("template", "gp", str(CHART), *extra).stdout)]
 
@@ -93,6 +102,13 @@ def test_monitors_render_only_when_asked(helm: Helm) -> None:
     assert monitors["ServiceMonitor"]["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == \
         "glasspipe-operator"
+    # The real CRDs validate every field (a misspelt or removed field is rejected: strict field validation).
+    for crd in monitoring_crds():
+        name = yaml.safe_load(crd.read_text())["metadata"]["name"]
+        apply_crd(kube, crd, name)
+    res = kube.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-n", "default",
+                       "-f", "-", input="\n---\n".join(yaml.safe_dump(m) for m in monitors.values()))
+    assert res.stdout.count("(server dry run)") == 2, res.stdout
 
 
 # --------------------------------------------------------------------------------------------- dry run
