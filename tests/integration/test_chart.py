@@ -106,9 +106,15 @@ def test_monitors_render_only_when_asked(kube: KubeAPIServer, helm: Helm) -> Non
     for crd in monitoring_crds():
         name = yaml.safe_load(crd.read_text())["metadata"]["name"]
         apply_crd(kube, crd, name)
-    res = kube.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-n", "default",
-                       "-f", "-", input="\n---\n".join(yaml.safe_dump(m) for m in monitors.values()))
-    assert res.stdout.count("(server dry run)") == 2, res.stdout
+    manifest = "\n---\n".join(yaml.safe_dump(m) for m in monitors.values())
+    def dry_run() -> bool:
+        # Retried briefly: a just-established CRD's schema reaches server-side apply a moment later.
+        res = kube.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict", "-n", "default",
+                           "-f", "-", input=manifest, check=False)
+        assert res.returncode == 0 and res.stdout.count("(server dry run)") == 2, res.stdout + res.stderr
+        return True
+
+    wait_for(dry_run, "the monitors to pass a strict server-side dry run", timeout=20)
 
 
 # --------------------------------------------------------------------------------------------- dry run
