@@ -16,6 +16,8 @@ from lupa import lua51
 ROOT = Path(__file__).resolve().parents[2]
 HERE = ROOT / "charts" / "argocd" / "resource_customizations" / "glasspipe.io" / "GlassPipeline"
 SCRIPT = (HERE / "health.lua").read_text()
+pytestmark = pytest.mark.unit
+
 CASES: list[dict[str, Any]] = yaml.safe_load((HERE / "health_test.yaml").read_text())["tests"]
 
 

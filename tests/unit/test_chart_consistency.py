@@ -11,12 +11,15 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from glasspipe.controller import metrics as operator_metrics
 from glasspipe_job.metrics import JobMetrics
+
+pytestmark = pytest.mark.unit
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "glasspipe"
 DASHBOARD = json.loads((CHART / "dashboards" / "glasspipe.json").read_text())
