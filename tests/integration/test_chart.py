@@ -164,6 +164,8 @@ def test_install_creates_everything(kube: KubeAPIServer, helm: Helm, installed: 
     rel, ns, jobs = installed["release"], installed["ns"], installed["jobs"]
     status = json.loads(helm.run("status", rel, "-n", ns, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed" and status["version"] == 1
+    hooks = docs(helm.run("get", "hooks", rel, "-n", ns).stdout)
+    assert [(h["kind"], h["metadata"]["annotations"]["helm.sh/hook"]) for h in hooks] == [("Pod", "test")]
     dep = get(kube, "deployment", f"{rel}-glasspipe", ns)
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "glasspipe/operator:0.1.0"
