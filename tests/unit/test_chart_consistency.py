@@ -126,3 +126,13 @@ def test_schema_check_catches_drift() -> None:
 def test_dashboard_template_ships_the_file() -> None:
     template = (CHART / "templates" / "grafana-dashboard.yaml").read_text()
     assert '.Files.Get "dashboards/glasspipe.json"' in template
+
+
+def test_dead_letter_series_carry_the_reason_the_dashboard_groups_by() -> None:
+    job = JobMetrics("sms-dedup", 1, registry=CollectorRegistry())
+    for reason in ("malformed_json", "missing_key", "malformed_json"):
+        job.count_dead_letter(reason)
+    samples = {(s.labels["reason"], s.value) for f in job.registry.collect() for s in f.samples
+               if s.name == "glasspipe_dead_letters_by_reason_total"}
+    assert samples == {("malformed_json", 2.0), ("missing_key", 1.0)}
+    assert job.totals.per_reason == {"malformed_json": 2, "missing_key": 1}
