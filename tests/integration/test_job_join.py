@@ -200,8 +200,9 @@ def test_sigkill_at_random_moments_joined_output_exact(
         if i > 10 and rng.random() < 0.08:  # a repeat of a recent order (inside the dedup window)
             orders.append(orders[-rng.randrange(2, 10)])
     j.produce(orders=orders, users=users)
+    wanted_kills = 6
     kills, counts = 0, []
-    while kills < 5:
+    while kills < wanted_kills:
         job = start_continuous(j.path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", j.ckpt, tmp_path / "job.log")
         try:
             before = j.count()
@@ -223,7 +224,9 @@ def test_sigkill_at_random_moments_joined_output_exact(
     rows, distinct, unmatched = clickhouse.client().execute(
         f"SELECT count(), uniqExact(order_id), countIf(country IS NULL) FROM {j.table}")[0]
     print(f"kills: {kills}, rows after each kill: {counts}, final: {summary}")
-    assert kills >= 5, f"the job finished before 5 kills ({counts}): make the stream longer"
+    # Every kill must land mid-stream: a kill after the last row proves nothing about a crash.
+    assert kills == wanted_kills, f"the job finished after {kills} kills ({counts}): make the stream longer"
+    assert all(c < n_orders for c in counts), f"a kill came after the last row: {counts}"
     assert (rows, distinct, unmatched) == (n_orders, n_orders, 0)
     expected = {f"o{i:06d}" for i in range(n_orders)}
     landed = {r[0] for r in clickhouse.client().execute(f"SELECT order_id FROM {j.table}")}
