@@ -150,7 +150,7 @@ class BatchWriter:
 
 def select_output(df: DataFrame, config: JobConfig) -> DataFrame:
     """Output columns cast to the Spark type of their ClickHouse column, plus what the writer needs."""
-    from glasspipe_job.types import spark_type_for_clickhouse
+    from glasspipe_job.spark_types import spark_type_for_clickhouse
 
     # try_cast: with ANSI SQL (Spark 4 default) a bad cast would fail the query; NULL goes to the DLQ instead.
     cols = [F.expr(c.sql).try_cast(spark_type_for_clickhouse(c.clickhouse_type)).alias(c.name) for c in config.columns]
