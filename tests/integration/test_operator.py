@@ -254,14 +254,16 @@ def test_drift_is_corrected(operator: Operator) -> None:
 def test_foreign_application_with_our_name_is_degraded(operator: Operator) -> None:
     op, ns = operator, new_namespace(operator)
     foreign = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
-               "metadata": {"name": "pay-0", "namespace": ns}, "spec": {"type": "Python"}}
+               "metadata": {"name": "pay-0", "namespace": ns},
+               "spec": {"type": "Python", "sparkVersion": "4.2.0", "mainApplicationFile": "local:///theirs.py",
+                        "driver": {}, "executor": {}}}
     op.k("apply", "-f", "-", input=json.dumps(foreign))
     create_pipeline(op, ns)
     deg = op.wait_condition(ns, "pay", "Degraded", "True", "ReconcileError")
     assert (f"SparkApplication {ns}/pay-0 already exists and is not owned by GlassPipeline {ns}/pay: "
             "delete or rename it") in deg["message"]
     assert sorted(op.apps(ns)) == ["pay-0"]
-    assert op.apps(ns)["pay-0"]["spec"] == {"type": "Python"}, "the foreign application was changed"
+    assert op.apps(ns)["pay-0"]["spec"] == foreign["spec"], "the foreign application was changed"
     op.k("delete", "sparkapplications.sparkoperator.k8s.io", "pay-0", "-n", ns)
     op.wait_apps(ns, ["pay-0", "pay-1"])
     op.wait_condition(ns, "pay", "Degraded", "False")
