@@ -403,7 +403,7 @@ class SparkOperatorStandIn:
     def _write(self, d: Driver, state: str, error: str = "", extra: dict[str, Any] | None = None) -> None:
         """Merge-patch status (conditional on the uid, so a re-created namesake is never written)."""
         status: dict[str, Any] = {"applicationState": {"state": state, "errorMessage": error},
-                                  "executionAttempts": d.attempts, **(extra or {})}
+                                  "driverInfo": {}, "executionAttempts": d.attempts, **(extra or {})}
         body = {"metadata": {"uid": d.uid}, "status": status}
         if state != d.state:
             log.info("%s: %s -> %s%s", d.key, d.state or "NEW", state, f" ({error.splitlines()[0]})" if error else "")

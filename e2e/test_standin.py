@@ -78,7 +78,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(kube: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    apply_crd(kube, spark_crd, "sparkapplications.sparkoperator.k8s.io")
+    apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")
     ns = f"standin-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", ns)
     work = tmp_path_factory.mktemp("standin-self")

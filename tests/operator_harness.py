@@ -105,7 +105,7 @@ class Operator:
 
     def set_state(self, ns: str, app: str, state: str, error: str = "") -> None:
         """What spark-operator does: write status.applicationState."""
-        patch = {"status": {"applicationState": {"state": state, "errorMessage": error}}}
+        patch = {"status": {"applicationState": {"state": state, "errorMessage": error}, "driverInfo": {}}}
         self.k("patch", "sparkapplications.sparkoperator.k8s.io", app, "-n", ns, "--subresource=status",
                "--type=merge", "-p", json.dumps(patch))
 
@@ -145,9 +145,10 @@ def spark_crd() -> Path:
 
 def apply_crd(kube: KubeAPIServer, path: Path, name: str) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    # Not `kubectl wait`: it fails outright while the new CRD has no status.conditions yet.
+    # Not `kubectl wait`: it fails outright while the new CRD has no status.conditions yet (and so does
+    # this jsonpath, hence check=False: a large CRD such as spark-operator's takes a moment).
     jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-    wait_for(lambda: kube.kubectl("get", f"crd/{name}", "-o", f"jsonpath={jsonpath}").stdout == "True",
+    wait_for(lambda: kube.kubectl("get", f"crd/{name}", "-o", f"jsonpath={jsonpath}", check=False).stdout == "True",
              f"CRD {name} to be established", timeout=60)
 
 

@@ -145,7 +145,7 @@ def test_template_applies_with_server_side_dry_run(kube: KubeAPIServer, helm: He
 @pytest.fixture(scope="module")
 def installed(kube: KubeAPIServer, helm: Helm) -> Iterator[dict[str, str]]:
     """`helm install` (no --wait: no kubelet here, the Deployment can never become ready)."""
-    apply_crd(kube, spark_crd, "sparkapplications.sparkoperator.k8s.io")  # spark-operator's own CRD
+    apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")  # spark-operator's own CRD
     release_ns, job_ns = namespace(kube, "gp-sys"), namespace(kube, "gp-jobs")
     release = f"gp{uuid.uuid4().hex[:4]}"
     helm.run("install", release, str(CHART), "--namespace", release_ns, "--set", f"spark.jobNamespaces={{{job_ns}}}")
