@@ -173,6 +173,7 @@ class EventTime(ApiModel):
             ("self.source == 'field' || !has(self.field)",
              "eventTime.field is only used with eventTime.source 'field'"),
             _bounded_duration("allowedLateness", "7d", "eventTime.allowedLateness"),
+            _bounded_duration("maxFutureSkew", "7d", "eventTime.maxFutureSkew"),
         )
     )
 
@@ -187,7 +188,13 @@ class EventTime(ApiModel):
     allowed_lateness: Duration = Field(
         "1m",
         description="Watermark delay: how far behind the newest event time a record may arrive and still "
-        "be deduplicated or joined; later records are dead-lettered with reason 'late'.",
+        "be deduplicated or joined. Later records are dead-lettered with reason 'late' by a deduplicating "
+        "single-topic pipeline; a join drops them and counts them (glasspipe_late_records_dropped).",
+    )
+    max_future_skew: Duration = Field(
+        "1h",
+        description="With source 'field': a record whose event time is further ahead of its Kafka timestamp "
+        "is dead-lettered with reason 'future_event_time' instead of moving the watermark for good.",
     )
 
 
