@@ -101,8 +101,7 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
         reader = reader.option("subscribe", source.kafka.topic)
     reader = reader.option("startingOffsets", starting_offsets or source.kafka.starting_offsets)
     reader = reader.option("failOnDataLoss", "true").option("includeHeaders", "false")
-    if source.kafka.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(source.kafka.max_offsets_per_trigger))
+    reader = reader.option("maxOffsetsPerTrigger", str(source.kafka.max_offsets_per_trigger))
     return reader.load()
 
 
