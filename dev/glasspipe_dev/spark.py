@@ -1,4 +1,5 @@
-"""A local Spark for tests: the Kafka connector jars from the cache and a small local[2] session.
+"""A local Spark for tests: the Kafka connector jars from the cache and a small local[2] session
+(built by the job's own builder, glasspipe_job.session.spark_session).
 
 The connector (spark-sql-kafka-0-10_2.13 at exactly the installed pyspark version, plus what it needs
 that the pyspark wheel lacks) is fetched from Maven Central by dev/install/spark-jars.sh and passed

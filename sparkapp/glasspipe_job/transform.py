@@ -1,4 +1,5 @@
-"""The streaming plan of one source: Kafka record -> parsed, checked, filtered, deduplicated row.
+"""The streaming plan of one source: Kafka record -> parsed, checked, filtered, deduplicated row
+(``source_rows``, used alone and by join.py), and the output columns (``select_output``).
 
 Every record read ends in exactly one of these, counted per micro-batch:
 - ``dead``: cannot be processed (malformed JSON, wrong types, a required field, key or event time
