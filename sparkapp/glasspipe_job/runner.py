@@ -104,8 +104,8 @@ def prepare_handover(spark: SparkSession, config: JobConfig, sink: ClickHouseSin
         owned.update(a.owned)
     if files.exists(ho.HANDOVER_FILE):
         previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE))
-        planned = files.latest_planned() or previous.resume
-        if not ho.is_superseded(planned, progress):
+        last_commit = files.latest_committed() or previous.resume
+        if not ho.is_superseded(last_commit, ho.ledger_progress(rows, except_writer=previous.writer_id)):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
             return previous
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "
