@@ -29,12 +29,6 @@ from glasspipe_job.transform import (
 
 log = logging.getLogger("glasspipe.job")
 
-# Spark settings the job relies on; the SparkApplication render sets the same (glasspipe.render).
-REQUIRED_SPARK_CONF = {
-    "spark.sql.streaming.stateStore.providerClass":
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-}
 PARTITION_CHECK_SECONDS = 30.0
 
 
@@ -88,7 +82,7 @@ def make_sink(config: JobConfig) -> ClickHouseSink:
     return ClickHouseSink(
         hosts=list(ch.hosts), database=ch.database, table=ch.table, columns=config.columns,
         writer_id=f"{config.writer_prefix}{config.replica}", max_rows=ch.batching.max_rows, user=user,
-        password=password, secure=ch.secure, ca_file=None, create_table=ch.create_table,
+        password=password, secure=ch.secure, ca_file=config.clickhouse_ca_file, create_table=ch.create_table,
         order_by=ch.order_by or dedup_keys,
     )
 
@@ -224,10 +218,3 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
                 return metrics
         finally:
             running.close()
-
-
-def session_conf(config: JobConfig) -> dict[str, str]:
-    conf = dict(REQUIRED_SPARK_CONF)
-    conf["spark.sql.shuffle.partitions"] = str(config.spec.spark.shuffle_partitions)
-    conf.update(config.spec.spark.conf)
-    return conf
