@@ -13,4 +13,5 @@ if [ "${GLASSPIPE_SKIP_KUBE:-0}" != "1" ]; then
   gp_timed bash dev/install/kube.sh
   gp_timed bash dev/install/monitoring-crds.sh
 fi
+[ "${GLASSPIPE_SKIP_IMAGES:-0}" = "1" ] || gp_timed bash dev/install/images.sh  # podman: operator + Spark images
 gp_log "set-up done in $(( $(date +%s) - start )) s"

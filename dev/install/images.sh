@@ -36,13 +36,19 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # --- base image -------------------------------------------------------------------------------------
-if ! "${PODMAN[@]}" image exists "$BASE_REF"; then
+# Like Docker's debian:bookworm-slim (debuerreotype): minbase, merged /usr set up the debootstrap way
+# (mmdebstrap's default installs usrmerge, which leaves 70 MB of Perl behind), the same apt sources,
+# no man pages, docs or locales. Remade when this recipe changes (a label on the image).
+BASE_RECIPE="minbase bookworm merged-usr-hook slim-excludes 1"
+base_label() {
+  "${PODMAN[@]}" image inspect --format '{{index .Labels "io.glasspipe.base-recipe"}}' "$BASE_REF" 2>/dev/null || true
+}
+if [ "$(base_label)" != "$BASE_RECIPE" ]; then
   gp_log "images: making $BASE_REF from Debian's packages (mmdebstrap --variant=minbase bookworm)"
   started=$(date +%s)
   work="$(mktemp -d "$IMAGES_DIR/base.tmp.XXXXXX")"
   trap 'rm -rf "$work"' EXIT
-  # Like Docker's debian:bookworm-slim: minbase, the same apt sources, no man pages, docs or locales.
-  mmdebstrap --variant=minbase --quiet \
+  mmdebstrap --variant=minbase --quiet --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/doc/*' \
     --dpkgopt='path-include=/usr/share/doc/*/copyright' \
@@ -52,7 +58,7 @@ if ! "${PODMAN[@]}" image exists "$BASE_REF"; then
     "deb http://deb.debian.org/debian bookworm main" \
     "deb http://deb.debian.org/debian bookworm-updates main" \
     "deb http://deb.debian.org/debian-security bookworm-security main"
-  "${PODMAN[@]}" import --quiet --change 'CMD ["bash"]' \
+  "${PODMAN[@]}" import --quiet --change 'CMD ["bash"]' --change "LABEL io.glasspipe.base-recipe=\"$BASE_RECIPE\"" \
     --message "mmdebstrap --variant=minbase bookworm (glasspipe dev/install/images.sh)" \
     "$work/base.tar" "$BASE_REF" >/dev/null
   rm -rf "$work"
