@@ -83,6 +83,7 @@ inputs_hash() {  # inputs_hash PATH... : one digest of the recipe, the base and 
 }
 
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
+BUILT=0
 build() {  # build NAME REF DOCKERFILE INPUT...
   local name="$1" ref="$2" dockerfile="$3"
   shift 3
@@ -104,6 +105,7 @@ build() {  # build NAME REF DOCKERFILE INPUT...
   "${PODMAN[@]}" save --quiet --format oci-archive -o "$archive.tmp" "$ref"
   mv "$archive.tmp" "$archive"
   echo "$hash" >"$stamp"
+  BUILT=1
   gp_log "images: $ref done in $(( $(date +%s) - started )) s," \
     "$("${PODMAN[@]}" image inspect --format '{{.Size}}' "$ref" | awk '{printf "%d MB", $1 / 1e6}')"
 }
@@ -112,4 +114,9 @@ build glasspipe-operator "docker.io/glasspipe/operator:$VERSION" operator/Docker
   pyproject.toml README.md operator sparkapp/glasspipe_job examples
 build glasspipe-spark "docker.io/glasspipe/spark:$VERSION" sparkapp/Dockerfile \
   pyproject.toml README.md operator sparkapp/glasspipe_job dev/images/spark-entrypoint.sh build/spark-jars
+if [ "$BUILT" = 1 ]; then
+  # The images these builds replaced (now untagged) and their layers; the current images' build
+  # cache (their parent layers) stays.
+  "${PODMAN[@]}" image prune --force >/dev/null
+fi
 echo "images ok: docker.io/glasspipe/operator:$VERSION docker.io/glasspipe/spark:$VERSION in $IMAGES_DIR"
