@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures_images import REPO, Image, podman
 
+from fixtures_images import REPO, Image, podman
 from glasspipe.api import models
 from glasspipe.api.validation import validate_resource
 from glasspipe.render import JOB_MAIN, SPARK_VERSION, render_spark_applications
