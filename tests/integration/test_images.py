@@ -121,6 +121,19 @@ def test_spark_image_has_what_the_render_points_at(spark_image: Image, example: 
     assert lines[-1] != "0", "the Spark image runs as root"
 
 
+def test_spark_image_executor_entrypoint_starts_the_kubernetes_executor_backend(spark_image: Image) -> None:
+    """`executor` with the variables Spark sets on an executor pod: the backend starts and dials the
+    driver URL it is given (no driver here, so it fails there, after classpath and arguments)."""
+    env = {"SPARK_EXECUTOR_MEMORY": "512m", "SPARK_DRIVER_URL": "spark://CoarseGrainedScheduler@127.0.0.1:9",
+           "SPARK_EXECUTOR_ID": "1", "SPARK_EXECUTOR_CORES": "1", "SPARK_APPLICATION_ID": "spark-test",
+           "SPARK_EXECUTOR_POD_IP": "127.0.0.1", "SPARK_EXECUTOR_POD_NAME": "test-exec-1",
+           "SPARK_RESOURCE_PROFILE_ID": "0", "SPARK_JAVA_OPT_0": "-Dspark.driver.port=9", "SPARK_LOCAL_IP": "127.0.0.1"}
+    done = spark_image.run("executor", env=env, check=False, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out
+    assert "KubernetesExecutorBackend: Started daemon" in out and "Failed to connect to /127.0.0.1:9" in out, out
+
+
 def sms(sms_id: str, status: str, at: datetime) -> tuple[bytes, bytes]:
     doc = {"sms_id": sms_id, "status": status, "phone": "+100", "meta": {"provider": "p"}, "sent_at": at.isoformat()}
     return sms_id.encode(), dumps(doc)
