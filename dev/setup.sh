@@ -12,6 +12,7 @@ gp_timed bash dev/install/jvm-ops.sh
 if [ "${GLASSPIPE_SKIP_KUBE:-0}" != "1" ]; then
   gp_timed bash dev/install/kube.sh
   gp_timed bash dev/install/monitoring-crds.sh
+  gp_timed bash dev/install/spark-operator-crd.sh
 fi
 [ "${GLASSPIPE_SKIP_IMAGES:-0}" = "1" ] || gp_timed bash dev/install/images.sh  # podman: operator + Spark images
 gp_log "set-up done in $(( $(date +%s) - start )) s"

@@ -19,10 +19,17 @@ It writes ``status`` through the status subresource with spark-operator's state 
     RUNNING -> COMPLETED                                 exit 0 otherwise
     spec changed -> INVALIDATING -> PENDING_RERUN -> SUBMITTED   (the old process is killed first)
 
-``errorMessage`` carries the exit code/signal and the tail of the driver's log. Like spark-operator v2 it
-puts the finalizer ``sparkoperator.k8s.io/finalizer`` on every application and, when one is deleted,
-stops its driver (SIGTERM to the process group, SIGKILL after ``kill_grace`` s) before letting the object
-go, so "the application is gone" really means "its driver has stopped".
+``errorMessage`` carries the exit code/signal and the tail of the driver's log.
+
+Driver pods, as spark-operator and the kubelet make them: each submission creates a Pod object
+``<app>-driver`` (spark-operator's labels plus ``spec.driver.labels``, owned by the application, bound to
+a node that does not exist) whose ``status.phase`` follows the process (Running, then Succeeded or
+Failed). Deletion, as spark-operator v2 does it: the application carries the finalizer
+``sparkoperator.k8s.io/finalizer``; when it is deleted the stand-in only *asks* for the driver pod's
+deletion (graceful: SIGTERM to the process group now, SIGKILL after ``kill_grace`` s) and removes the
+finalizer at once, so the application is gone while its driver may still be writing. The pod object
+stays, with a deletionTimestamp, until the process has exited (the kubelet's part). A spec change is
+different: spark-operator waits until the old driver's resources are gone before it resubmits.
 
 Environment of a driver: the stand-in's own, plus JAVA_HOME / PYSPARK_PYTHON / SPARK_LOCAL_IP, plus the
 ``env`` of ``spec.driver.template``'s first container and ``spec.driver.env`` (literal values, and
@@ -64,6 +71,7 @@ from glasspipe_dev.process import ServerProcess, free_port  # noqa: E402
 
 GROUP, VERSION, PLURAL = "sparkoperator.k8s.io", "v1beta2", "sparkapplications"
 FINALIZER = "sparkoperator.k8s.io/finalizer"
+NODE_NAME = "spark-operator-standin"  # no kubelet runs for it: the stand-in plays the kubelet
 JOB_MODULE = "glasspipe_job.main"
 
 SUBMITTED, RUNNING, COMPLETED, FAILED = "SUBMITTED", "RUNNING", "COMPLETED", "FAILED"
@@ -108,6 +116,7 @@ class Driver:
     proc: ServerProcess | None = None
     started: float = 0.0
     retry_at: float | None = None
+    kill_at: float | None = None  # terminating: SIGKILL if the driver still runs then
 
     @property
     def key(self) -> str:
@@ -130,6 +139,7 @@ class SparkOperatorStandIn:
         self.python = python
         self.job_script = job_script
         self.drivers: dict[str, Driver] = {}
+        self.terminating: list[Driver] = []  # deleted applications whose driver has not exited yet
         self.stopping = threading.Event()
 
     # ------------------------------------------------------------------------------------ loop
@@ -179,8 +189,8 @@ class SparkOperatorStandIn:
                 log.exception("%s/%s: sync failed", obj["metadata"]["namespace"], obj["metadata"]["name"])
         for uid in [u for u in self.drivers if u not in seen]:
             # Deleted without our finalizer (or before we added it): stop the driver anyway.
-            d = self.drivers.pop(uid)
-            self._stop_driver(d, "its SparkApplication is gone")
+            self._terminate(self.drivers.pop(uid), "its SparkApplication is gone")
+        self._reap()
         return str(res["metadata"]["resourceVersion"])
 
     # ----------------------------------------------------------------------------- per object
@@ -191,11 +201,10 @@ class SparkOperatorStandIn:
         d = self.drivers.get(uid)
         if meta.get("deletionTimestamp"):
             if d is not None:
-                self._stop_driver(d, "its SparkApplication is being deleted")
-                del self.drivers[uid]
+                self._terminate(self.drivers.pop(uid), "its SparkApplication is being deleted")
             if FINALIZER in (meta.get("finalizers") or []):
                 self._set_finalizers(obj, [f for f in meta["finalizers"] if f != FINALIZER])
-                log.info("%s/%s: driver stopped, finalizer removed", ns, name)
+                log.info("%s/%s: driver pod deletion requested, finalizer removed", ns, name)
             return
         if FINALIZER not in (meta.get("finalizers") or []):
             self._set_finalizers(obj, [*(meta.get("finalizers") or []), FINALIZER])
@@ -241,6 +250,7 @@ class SparkOperatorStandIn:
         tail = d.proc.log_tail(15)
         d.proc = None
         self._pid_file(d).unlink(missing_ok=True)
+        self._set_pod_phase(d, "Succeeded" if rc == 0 else "Failed")
         policy = (obj.get("spec") or {}).get("restartPolicy") or {}
         kind = policy.get("type", "Never")
         extra = {"terminationTime": now_rfc3339()}
@@ -282,6 +292,14 @@ class SparkOperatorStandIn:
             d.retry_at = time.monotonic() + float(policy.get("onSubmissionFailureRetryInterval", 20))
             self._write(d, SUBMISSION_FAILED, f"cannot build the driver's environment: {e}")
             return
+        self._delete_pod(d, grace=0, only_own=True)  # the previous attempt's pod, as before a rerun
+        try:
+            self._create_pod(d, obj)
+        except ApiException as e:  # e.g. a namesake's driver pod still terminating
+            d.retry_at = time.monotonic() + float((spec.get("restartPolicy") or {}).get(
+                "onSubmissionFailureRetryInterval", 20))
+            self._write(d, SUBMISSION_FAILED, f"cannot create driver pod {self._pod_name(d)}: {e.status} {e.reason}")
+            return
         entry = [str(self.job_script)] if self.job_script else ["-m", JOB_MODULE]
         argv = [self.python, *entry, *[str(a) for a in spec.get("arguments") or []],
                 "--local", f"--metrics-port={free_port()}"]
@@ -290,6 +308,7 @@ class SparkOperatorStandIn:
         assert d.proc.proc is not None
         self._pid_file(d).write_text(f"{d.proc.proc.pid}\n")
         d.started = time.monotonic()
+        self._set_pod_phase(d, "Running")
         log.info("%s: submitted attempt %d, pid %d, log %s", d.key, d.attempts, d.proc.proc.pid, log_path)
         self._write(d, SUBMITTED, extra={
             "submissionAttempts": d.attempts,
@@ -320,6 +339,7 @@ class SparkOperatorStandIn:
         return env
 
     def _stop_driver(self, d: Driver, why: str) -> None:
+        """Stop the driver and wait for it (a spec change: spark-operator waits before it resubmits)."""
         if d.proc is None:
             return
         assert d.proc.proc is not None
@@ -329,11 +349,48 @@ class SparkOperatorStandIn:
         log.info("%s: driver pid %d stopped (%s) with code %s in %.1f s", d.key, pid, why,
                  d.proc.proc.returncode, time.monotonic() - started)
         d.proc = None
-        self._pid_file(d).unlink(missing_ok=True)
+        self._forget_pid(d, pid)
+        self._delete_pod(d, grace=0)
+
+    def _terminate(self, d: Driver, why: str) -> None:
+        """A graceful pod deletion: SIGTERM now, the pod object stays until the driver has exited."""
+        if d.proc is None:
+            self._delete_pod(d, grace=0)
+            return
+        assert d.proc.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(d.proc.proc.pid, signal.SIGTERM)
+        d.kill_at = time.monotonic() + self.kill_grace
+        self._delete_pod(d, grace=int(self.kill_grace))
+        self.terminating.append(d)
+        log.info("%s: sent SIGTERM to driver pid %d (%s); its pod stays until it exits", d.key, d.proc.proc.pid, why)
+
+    def _reap(self) -> None:
+        """The kubelet's part of a graceful deletion: remove the pod once the driver has exited."""
+        for d in list(self.terminating):
+            assert d.proc is not None and d.proc.proc is not None
+            pid, rc = d.proc.proc.pid, d.proc.proc.poll()
+            if rc is None:
+                if d.kill_at is not None and time.monotonic() >= d.kill_at:
+                    log.warning("%s: driver pid %d outlived its grace period: SIGKILL", d.key, pid)
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(pid, signal.SIGKILL)
+                    d.kill_at = None
+                continue
+            self.terminating.remove(d)
+            d.proc = None
+            self._forget_pid(d, pid)
+            self._delete_pod(d, grace=0)
+            log.info("%s: driver pid %d exited with code %s; pod removed", d.key, pid, rc)
+
+    def _forget_pid(self, d: Driver, pid: int) -> None:
+        """Remove the pid file if it is still this driver's (a namesake may have started meanwhile)."""
+        if driver_pid(self.work_dir, d.namespace, d.name) == pid:
+            self._pid_file(d).unlink(missing_ok=True)
 
     def shutdown(self) -> None:
         """Stop every driver at once (SIGTERM, SIGKILL after the grace period); API state is left as is."""
-        running = [d for d in self.drivers.values() if d.proc is not None]
+        running = [d for d in [*self.drivers.values(), *self.terminating] if d.proc is not None]
         threads = [threading.Thread(target=self._stop_driver, args=(d, "stand-in shutting down")) for d in running]
         for t in threads:
             t.start()
@@ -346,12 +403,47 @@ class SparkOperatorStandIn:
     def _write(self, d: Driver, state: str, error: str = "", extra: dict[str, Any] | None = None) -> None:
         """Merge-patch status (conditional on the uid, so a re-created namesake is never written)."""
         status: dict[str, Any] = {"applicationState": {"state": state, "errorMessage": error},
-                                  "executionAttempts": d.attempts, **(extra or {})}
+                                  "driverInfo": {}, "executionAttempts": d.attempts, **(extra or {})}
         body = {"metadata": {"uid": d.uid}, "status": status}
         if state != d.state:
             log.info("%s: %s -> %s%s", d.key, d.state or "NEW", state, f" ({error.splitlines()[0]})" if error else "")
         d.state = state  # first: should the write fail, the local state machine still follows its driver
         self.custom.patch_namespaced_custom_object_status(GROUP, VERSION, d.namespace, PLURAL, d.name, body)
+
+    def _pod_name(self, d: Driver) -> str:
+        return f"{d.name}-driver"
+
+    def _create_pod(self, d: Driver, obj: dict[str, Any]) -> None:
+        """The driver pod as spark-operator submits it: its labels, owned by the application."""
+        spec = obj.get("spec") or {}
+        labels = {**((spec.get("driver") or {}).get("labels") or {}), "spark-role": "driver",
+                  "sparkoperator.k8s.io/app-name": d.name, "sparkoperator.k8s.io/launched-by-spark-operator": "true"}
+        pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": self._pod_name(d), "namespace": d.namespace, "labels": labels,
+                         "ownerReferences": [{"apiVersion": f"{GROUP}/{VERSION}", "kind": "SparkApplication",
+                                              "name": d.name, "uid": d.uid, "controller": True}]},
+            "spec": {"nodeName": NODE_NAME, "restartPolicy": "Never",
+                     "terminationGracePeriodSeconds": int(self.kill_grace),
+                     "containers": [{"name": "spark-kubernetes-driver", "image": spec.get("image") or "spark"}]}}
+        self.core.create_namespaced_pod(d.namespace, pod)  # type: ignore[arg-type]  # dicts are accepted
+
+    def _set_pod_phase(self, d: Driver, phase: str) -> None:
+        try:
+            self.core.patch_namespaced_pod_status(self._pod_name(d), d.namespace, {"status": {"phase": phase}})
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+    def _delete_pod(self, d: Driver, grace: int, only_own: bool = False) -> None:
+        try:
+            if only_own:
+                pod = self.core.read_namespaced_pod(self._pod_name(d), d.namespace)
+                if pod.metadata is None or d.uid not in {r.uid for r in pod.metadata.owner_references or []}:
+                    return
+            self.core.delete_namespaced_pod(self._pod_name(d), d.namespace, grace_period_seconds=grace)
+        except ApiException as e:
+            if e.status != 404:
+                raise
 
     def _set_finalizers(self, obj: dict[str, Any], finalizers: list[str]) -> None:
         meta = obj["metadata"]

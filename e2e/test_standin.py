@@ -17,16 +17,22 @@ from typing import Any
 import pytest
 
 from glasspipe_dev.kube import KubeAPIServer
-from operator_harness import SPARK_CRD, apply_crd, wait_for
+from operator_harness import apply_crd, spark_crd, wait_for
 from spark_operator_standin import FINALIZER, StandInProcess
 
 pytestmark = pytest.mark.e2e
 
 SPARKAPPS = "sparkapplications.sparkoperator.k8s.io"
 FAKE_DRIVER = """
-import json, sys, time
+import json, signal, sys, time
 config = json.loads(sys.argv[sys.argv.index("--config-json") + 1])
 assert "--local" in sys.argv
+def on_term(*_):
+    if config.get("ignore_term"):
+        return
+    time.sleep(config.get("term_delay", 0))  # a streaming query finishing its batch
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
 print("fake driver up", flush=True)
 time.sleep(config.get("sleep", 3600))
 print("fake driver exits with", config.get("exit", 0), flush=True)
@@ -41,12 +47,17 @@ class Cluster:
     def create(self, name: str, policy: dict[str, Any], **config: Any) -> None:
         app = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
                "metadata": {"name": name, "namespace": self.ns},
-               "spec": {"type": "Python", "arguments": ["--config-json", json.dumps(config)],
+               "spec": {"type": "Python", "sparkVersion": "4.2.0", "mainApplicationFile": "local:///job.py",
+                        "driver": {}, "executor": {}, "arguments": ["--config-json", json.dumps(config)],
                         "restartPolicy": policy}}
         self.kube.kubectl("apply", "-f", "-", input=json.dumps(app))
 
     def get(self, name: str) -> dict[str, Any] | None:
         res = self.kube.kubectl("get", SPARKAPPS, name, "-n", self.ns, "-o", "json", check=False)
+        return json.loads(res.stdout) if res.returncode == 0 else None
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        res = self.kube.kubectl("get", "pod", name, "-n", self.ns, "-o", "json", check=False)
         return json.loads(res.stdout) if res.returncode == 0 else None
 
     def state(self, name: str) -> tuple[str, int, str]:
@@ -67,7 +78,7 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(kube: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    apply_crd(kube, SPARK_CRD, "sparkapplications.sparkoperator.k8s.io")
+    apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")
     ns = f"standin-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", ns)
     work = tmp_path_factory.mktemp("standin-self")
@@ -121,6 +132,43 @@ def test_spec_change_resubmits_and_delete_stops_the_driver(cluster: Cluster) -> 
 
     cluster.kube.kubectl("delete", SPARKAPPS, "long", "-n", cluster.ns, "--wait=false")
     wait_for(lambda: cluster.get("long") is None, "long to be gone", 30, interval=0.2)
+    wait_for(lambda: cluster.pod("long-driver") is None, "its driver pod to be gone", 30, interval=0.2)
     with pytest.raises(ProcessLookupError):
         os.kill(second, 0)
     assert not (Path(cluster.standin.work_dir) / cluster.ns / "long" / "driver.pid").exists()
+
+
+def test_delete_lets_the_application_go_before_its_driver_stops(cluster: Cluster) -> None:
+    """As the real spark-operator: deleting an application only asks for its driver pod's deletion;
+    the driver runs on through its grace period, and its pod object stays until it has exited."""
+    cluster.create("slow", {"type": "Always"}, sleep=3600, term_delay=4)
+    cluster.wait("slow", "RUNNING", 1)
+    pid = cluster.standin.driver_pid(cluster.ns, "slow")
+    pod = cluster.pod("slow-driver")
+    assert pid is not None and pod is not None
+    assert pod["status"]["phase"] == "Running" and pod["metadata"]["labels"]["spark-role"] == "driver"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == (cluster.get("slow") or {})["metadata"]["uid"]
+
+    cluster.kube.kubectl("delete", SPARKAPPS, "slow", "-n", cluster.ns, "--wait=false")
+    wait_for(lambda: cluster.get("slow") is None, "slow to be gone", 10, interval=0.1)
+    os.kill(pid, 0)  # the application is gone, its driver still runs ...
+    pod = cluster.pod("slow-driver")
+    assert pod is not None and pod["metadata"].get("deletionTimestamp")  # ... and its pod is terminating
+    wait_for(lambda: cluster.pod("slow-driver") is None, "the driver pod to be removed", 20, interval=0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert "slow: driver pid" in cluster.standin.log_tail(50) and "exited with code 143" in cluster.standin.log_tail(50)
+
+
+def test_a_driver_that_ignores_sigterm_is_killed_after_the_grace_period(cluster: Cluster) -> None:
+    cluster.create("stubborn", {"type": "Always"}, sleep=3600, ignore_term=True)
+    cluster.wait("stubborn", "RUNNING", 1)
+    pid = cluster.standin.driver_pid(cluster.ns, "stubborn")
+    assert pid is not None
+    started = time.monotonic()
+    cluster.kube.kubectl("delete", SPARKAPPS, "stubborn", "-n", cluster.ns, "--wait=false")
+    wait_for(lambda: cluster.pod("stubborn-driver") is None, "the driver pod to be removed", 30, interval=0.2)
+    assert time.monotonic() - started >= 3  # --kill-grace=3
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    assert "stubborn: driver pid" in cluster.standin.log_tail(50) and "SIGKILL" in cluster.standin.log_tail(50)

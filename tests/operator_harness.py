@@ -21,11 +21,11 @@ from typing import Any, TypeVar
 import pytest
 
 from glasspipe_dev.kube import KubeAPIServer, kube_bin
+from glasspipe_dev.paths import cache_dir
 from glasspipe_dev.process import ServerProcess, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 GP_CRD = ROOT / "crds" / "glasspipe.io_glasspipelines.yaml"
-SPARK_CRD = ROOT / "tests" / "integration" / "manifests" / "sparkapplications-minimal-crd.yaml"
 INTERVAL = 2.0  # the operator's periodic reconcile, short for tests
 RELEASE = "gp"
 
@@ -105,7 +105,7 @@ class Operator:
 
     def set_state(self, ns: str, app: str, state: str, error: str = "") -> None:
         """What spark-operator does: write status.applicationState."""
-        patch = {"status": {"applicationState": {"state": state, "errorMessage": error}}}
+        patch = {"status": {"applicationState": {"state": state, "errorMessage": error}, "driverInfo": {}}}
         self.k("patch", "sparkapplications.sparkoperator.k8s.io", app, "-n", ns, "--subresource=status",
                "--type=merge", "-p", json.dumps(patch))
 
@@ -134,11 +134,21 @@ class Operator:
         return ns
 
 
+def spark_crd() -> Path:
+    """Kubeflow spark-operator's own SparkApplication CRD (dev/install/spark-operator-crd.sh): its schema
+    prunes what spark-operator would not keep, so tests see what a real cluster stores."""
+    found = sorted((cache_dir() / "kube").glob("spark-operator-crds-*/sparkoperator.k8s.io_sparkapplications.yaml"))
+    if not found:
+        pytest.fail("spark-operator's CRD is not installed: run dev/install/spark-operator-crd.sh", pytrace=False)
+    return found[-1]
+
+
 def apply_crd(kube: KubeAPIServer, path: Path, name: str) -> None:
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    # Not `kubectl wait`: it fails outright while the new CRD has no status.conditions yet.
+    # Not `kubectl wait`: it fails outright while the new CRD has no status.conditions yet (and so does
+    # this jsonpath, hence check=False: a large CRD such as spark-operator's takes a moment).
     jsonpath = '{.status.conditions[?(@.type=="Established")].status}'
-    wait_for(lambda: kube.kubectl("get", f"crd/{name}", "-o", f"jsonpath={jsonpath}").stdout == "True",
+    wait_for(lambda: kube.kubectl("get", f"crd/{name}", "-o", f"jsonpath={jsonpath}", check=False).stdout == "True",
              f"CRD {name} to be established", timeout=60)
 
 
@@ -157,7 +167,7 @@ def chart_rbac(namespace: str) -> str:
 def running_operator(kube: KubeAPIServer, log: Path) -> Iterator[Operator]:
     """CRDs applied, the operator running under the chart's RBAC; fails if it was ever forbidden anything."""
     apply_crd(kube, GP_CRD, "glasspipelines.glasspipe.io")
-    apply_crd(kube, SPARK_CRD, "sparkapplications.sparkoperator.k8s.io")
+    apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")
     system_ns = f"glasspipe-system-{uuid.uuid4().hex[:6]}"
     kube.kubectl("create", "namespace", system_ns)
     kube.kubectl("apply", "-f", "-", input=chart_rbac(system_ns))

@@ -184,12 +184,14 @@ def assess(
     suspended: bool = False,
     invalid: str | None = None,
     error: str | None = None,
+    stopping_pods: Sequence[str] = (),
 ) -> Assessment:
     """Conditions and counters from the desired replica count and the observed applications.
 
     ``desired`` is the number of applications the current spec wants (0 when suspended);
     ``invalid`` is the deep validator's message when the spec cannot run (nothing was changed);
-    ``error`` is an API failure of this reconciliation.
+    ``error`` is an API failure of this reconciliation; ``stopping_pods`` are old driver pods still
+    running, which hold back the creation of new applications.
     """
     existing = [a for a in apps if not a.deleting]
     ready = [a for a in apps if a.current and not a.deleting and a.state == RUNNING]
@@ -210,7 +212,7 @@ def assess(
     stale = [a for a in apps if not a.current or a.deleting]
     current = {a.index for a in apps if a.current and not a.deleting}
     missing = desired - len(current)
-    rolling = bool(stale) or missing != 0
+    rolling = bool(stale) or missing != 0 or bool(stopping_pods)
 
     # Degraded: a failing replica, or the operator could not do its job.
     if failed:
@@ -226,6 +228,8 @@ def assess(
         what = []
         if stale:
             what.append(f"stopping {len(stale)} old application(s) first")
+        if stopping_pods:
+            what.append(f"waiting for old driver pod(s) {', '.join(stopping_pods)} to stop")
         if missing > 0:
             what.append(f"{missing} to create")
         target = "suspending" if suspended else f"rolling out {desired} replica(s)"

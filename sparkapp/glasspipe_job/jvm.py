@@ -73,6 +73,7 @@ def deduplicate_within_window(
     passthrough_col: str | None = None,
     partition_col: str | None = None,
     offset_col: str | None = None,
+    late_col: str | None = None,
 ) -> DataFrame:
     """Event-time dedup: the first row of a key wins; later rows of that key whose event time is
     before first + window are dropped; after the window the key is accepted again (new window).
@@ -86,7 +87,9 @@ def deduplicate_within_window(
     ``passthrough_col`` is true bypass the state and come out as kept (dead letters). With
     ``partition_col`` (the Kafka partition), a key seen again in another partition within its window
     is counted: see ``keys_in_two_partitions``; with ``offset_col`` too, ties in event time are broken
-    by (partition, offset), so a replayed batch keeps the same rows.
+    by (partition, offset), so a replayed batch keeps the same rows. With ``late_col`` (needs
+    ``flag_col``), late rows are not dropped by Spark but emitted with ``late_col`` = true (for the
+    dead-letter topic); the result then carries no watermark, so nothing stateful may follow.
     """
     if not keys:
         raise ValueError("deduplicate_within_window needs at least one key column")
@@ -99,7 +102,7 @@ def deduplicate_within_window(
     try:
         entry = jvm.io.glasspipe.spark.WindowDedup
         jdf = entry.deduplicate(df._jdf, list(keys), event_time_col, window_ms, flag_col, passthrough_col,
-                                partition_col, offset_col)
+                                partition_col, offset_col, late_col)
     except TypeError as exc:  # py4j: the class is not on the JVM classpath (JavaPackage not callable)
         raise RuntimeError(
             f"{JVM_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "

@@ -151,7 +151,7 @@ def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, d
 def source_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, decision: ho.Handover) -> DataFrame:
     """One source's rows after parsing, checks, filter and dedup (dead rows passed through, flagged)."""
     parsed = observe_counts(parsed_stream(spark, config, a, decision), "input_" + a.source.name)
-    return deduplicate(with_dead_flag(parsed), a.source)
+    return deduplicate(with_dead_flag(parsed), a.source, dead_letter_late=True)
 
 
 def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = False,

@@ -6,8 +6,12 @@ Every record read ends in exactly one of these, counted per micro-batch:
 - ``filtered``: the filter was not true: counted (``observe``), not emitted;
 - ``duplicate``: a repeat of a key within the window: emitted with a flag, counted, not written;
 - ``ok``: written to ClickHouse.
-Late records (older than the watermark) are dropped by Spark's stateful operator and counted from
-the query progress (``numRowsDroppedByWatermark``).
+Late records (older than the watermark) of a deduplicated single-topic pipeline become dead letters
+with reason ``late``; in a join, Spark's join operator drops them and they are counted from the query
+progress (``numRowsDroppedByWatermark``). Dead rows carry no event time, so a broken record can
+neither move the watermark nor be dropped as late, and an event time further ahead of the record's
+Kafka timestamp than ``eventTime.maxFutureSkew`` makes a record dead (``future_event_time``) instead
+of moving the watermark for good.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ REASON = "_gp_reason"
 EVENT_TIME = "_gp_event_time"
 DUPLICATE = "_gp_duplicate"
 WARMUP = "_gp_warmup"
+LATE = "_gp_late"
 CORRUPT = "_gp_corrupt"
 META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
 
@@ -96,8 +101,7 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
         reader = reader.option("subscribe", source.kafka.topic)
     reader = reader.option("startingOffsets", starting_offsets or source.kafka.starting_offsets)
     reader = reader.option("failOnDataLoss", "true").option("includeHeaders", "false")
-    if source.kafka.max_offsets_per_trigger:
-        reader = reader.option("maxOffsetsPerTrigger", str(source.kafka.max_offsets_per_trigger))
+    reader = reader.option("maxOffsetsPerTrigger", str(source.kafka.max_offsets_per_trigger))
     return reader.load()
 
 
@@ -138,6 +142,13 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
             reasons.append((F.col(f.name).isNull(), F.lit(f"missing_required_field: {f.name}")))
     df = df.withColumn(EVENT_TIME, _event_time(source))
     reasons.append((F.col(EVENT_TIME).isNull(), F.lit("missing_event_time: " + (source.event_time.field or ""))))
+    if source.event_time.source == "field":
+        skew_ms = parse_duration_ms(source.event_time.max_future_skew)
+        ahead = F.col(EVENT_TIME) > F.col("_gp_kafka_timestamp") + F.expr(f"INTERVAL {skew_ms} MILLISECONDS")
+        reasons.append((ahead, F.concat(
+            F.lit("future_event_time: "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
+            F.lit(f" is more than eventTime.maxFutureSkew ({source.event_time.max_future_skew}) after the "
+                  "record's Kafka timestamp "), F.date_format("_gp_kafka_timestamp", "yyyy-MM-dd'T'HH:mm:ss.SSSX"))))
     reason: Column = F.lit(None).cast("string")
     for cond, text in reversed(reasons):
         reason = F.when(cond, text).otherwise(reason)
@@ -146,7 +157,10 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
     status = (F.when(F.col(REASON).isNotNull(), F.lit("dead"))
               .when(F.coalesce(keep, F.lit(False)), F.lit("ok"))
               .otherwise(F.lit("filtered")))
-    return df.withColumn(STATUS, status).drop("_gp_json", "_gp_kafka_timestamp")
+    df = df.withColumn(STATUS, status)
+    # A dead record has no place in event time: it must neither move the watermark nor be dropped as late.
+    df = df.withColumn(EVENT_TIME, F.when(F.col(STATUS) == "dead", F.lit(None)).otherwise(F.col(EVENT_TIME)))
+    return df.drop("_gp_json", "_gp_kafka_timestamp")
 
 
 def with_warmup_flag(df: DataFrame, resume: dict[str, dict[int, int]]) -> DataFrame:
@@ -172,18 +186,31 @@ def observe_counts(df: DataFrame, name: str) -> DataFrame:
     )
 
 
-def deduplicate(df: DataFrame, source: models.Source) -> DataFrame:
-    """Watermark on event time, then first-occurrence-wins dedup (dead rows pass through untouched)."""
-    lateness = f"{parse_duration_ms(source.event_time.allowed_lateness)} milliseconds"
-    df = df.where(F.col(STATUS) != "filtered").withWatermark(EVENT_TIME, lateness)
+def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = False) -> DataFrame:
+    """Watermark on event time, then first-occurrence-wins dedup (dead rows pass through untouched).
+
+    With ``dead_letter_late`` (nothing stateful follows: the single-topic path), late rows become dead
+    rows with reason ``late`` instead of being dropped by Spark; the result then carries no watermark.
+    """
+    lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
+    df = df.where(F.col(STATUS) != "filtered").withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
     if source.deduplication is None:
         return df.withColumn(DUPLICATE, F.lit(False))
     from glasspipe_job.jvm import deduplicate_within_window
 
     window_s = parse_duration_ms(source.deduplication.window) / 1000
-    return deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
-                                     flag_col=DUPLICATE, passthrough_col="_gp_dead",
-                                     partition_col="_gp_partition", offset_col="_gp_offset")
+    out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
+                                    flag_col=DUPLICATE, passthrough_col="_gp_dead",
+                                    partition_col="_gp_partition", offset_col="_gp_offset",
+                                    late_col=LATE if dead_letter_late else None)
+    if not dead_letter_late:
+        return out
+    reason = F.concat(F.lit("late: event time "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
+                      F.lit(f" is more than eventTime.allowedLateness ({source.event_time.allowed_lateness}) behind "
+                            "the newest event time seen (the watermark)"))
+    return (out.withColumn(STATUS, F.when(F.col(LATE), F.lit("dead")).otherwise(F.col(STATUS)))
+            .withColumn(REASON, F.when(F.col(LATE), reason).otherwise(F.col(REASON)))
+            .drop(LATE, "_gp_watermark_guard"))
 
 
 def with_dead_flag(df: DataFrame) -> DataFrame:

@@ -24,7 +24,7 @@ from glasspipe.api.validation import validate_spec
 from glasspipe.render import render_spark_applications
 from glasspipe_dev.kube import KubeAPIServer, kube_bin
 from glasspipe_dev.paths import cache_dir
-from operator_harness import SPARK_CRD, Operator, apply_crd, wait_for
+from operator_harness import Operator, apply_crd, spark_crd, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +145,7 @@ def test_template_applies_with_server_side_dry_run(kube: KubeAPIServer, helm: He
 @pytest.fixture(scope="module")
 def installed(kube: KubeAPIServer, helm: Helm) -> Iterator[dict[str, str]]:
     """`helm install` (no --wait: no kubelet here, the Deployment can never become ready)."""
-    apply_crd(kube, SPARK_CRD, "sparkapplications.sparkoperator.k8s.io")  # spark-operator's CRD (stand-in)
+    apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")  # spark-operator's own CRD
     release_ns, job_ns = namespace(kube, "gp-sys"), namespace(kube, "gp-jobs")
     release = f"gp{uuid.uuid4().hex[:4]}"
     helm.run("install", release, str(CHART), "--namespace", release_ns, "--set", f"spark.jobNamespaces={{{job_ns}}}")

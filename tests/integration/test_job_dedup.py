@@ -3,6 +3,7 @@ exactly-once across SIGKILLs and a ClickHouse outage."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
@@ -105,11 +107,66 @@ def test_window_expiry_accepts_a_key_again(tmp_path: Path, kafka: KafkaServer, c
         sms("c", "first", T0 + timedelta(minutes=8)),               # new key: written
     ])
     second = run(path, kafka, clickhouse, tmp_path / "ckpt")
-    # 'late dropped' becomes a dead letter with reason 'late' under issue #14; today it is counted.
-    assert ("records in 3," in second and "duplicates dropped 1," in second and "late dropped 1," in second
-            and "rows written 1," in second), second
+    # The late record is not lost with a counter: it is a dead letter with reason 'late'.
+    assert ("records in 3," in second and "duplicates dropped 1," in second and "late dropped 0," in second
+            and "dead-lettered 1 {" in second and "rows written 1," in second), second
     got = clickhouse.client().execute(f"SELECT sms_id, status FROM {table} ORDER BY sms_id, sent_at")
     assert got == [("a", "first"), ("a", "after"), ("b", "first"), ("c", "first")]
+    [late] = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=1)
+    assert b"too-late" in late.value()
+    assert dict(late.headers())["glasspipe.reason"].decode().startswith(
+        "late: event time 2026-11-01T08:05:00.000Z is more than eventTime.allowedLateness (1m) behind")
+
+
+def edit_source(path: Path, **event_time: str) -> None:
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["sources"][0]["eventTime"].update(event_time)
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def test_a_far_future_event_time_costs_no_later_record(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Issue #14: one record dated 2099 used to move the watermark for good, and every later record
+    was dropped as late. Now it is a dead letter, and so is a broken record with a far-future time."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2)
+    future = T0.replace(year=2099)
+    produce(kafka.bootstrap, topic, [
+        *[sms(f"x-{i}", "first", T0 + timedelta(seconds=i)) for i in range(1000)],
+        sms("y-2099", "from the future", future),
+        (b"broken", dumps({"status": "no key", "sent_at": future.isoformat()})),  # dead: missing key
+    ])
+    first = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 1000," in first and "dead-lettered 2 {" in first, first
+    produce(kafka.bootstrap, topic, [sms(f"z-{i}", "first", T0 + timedelta(seconds=1000 + i)) for i in range(1000)])
+    second = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 1000," in second and "late dropped 0," in second and "dead-lettered 0 {" in second, second
+    assert clickhouse.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0] == (2000, 2000)
+    dead = {json.loads(m.value()).get("sms_id", "broken"): dict(m.headers())["glasspipe.reason"].decode()
+            for m in consume_all(kafka.bootstrap, f"{topic}-dlq", expected=2)}
+    assert dead["y-2099"].startswith("future_event_time: 2099-11-01T08:00:00.000Z is more than "
+                                      "eventTime.maxFutureSkew (1h) after the record's Kafka timestamp"), dead
+    assert dead["broken"] == "missing_key: sms_id", dead
+
+
+def test_a_straggler_more_than_a_window_before_the_first_is_not_a_duplicate(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Issue #14: with allowedLateness above the window, a record of a key arriving later but more than a
+    window *earlier* than the key's first occurrence is a new occurrence, not a duplicate."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1)
+    edit_source(path, allowedLateness="1h")  # the example's window is 5m
+    produce(kafka.bootstrap, topic, [sms("a", "first", T0 + timedelta(minutes=30))])
+    run(path, kafka, clickhouse, tmp_path / "ckpt")
+    produce(kafka.bootstrap, topic, [
+        sms("a", "20m-earlier", T0 + timedelta(minutes=10)),    # > 5m before the first, not late: written
+        sms("a", "4m-earlier", T0 + timedelta(minutes=26)),     # within 5m of the first: duplicate
+        sms("a", "1m-later", T0 + timedelta(minutes=31)),       # within 5m of the first: duplicate
+    ])
+    second = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "duplicates dropped 2," in second and "rows written 1," in second, second
+    got = clickhouse.client().execute(f"SELECT status FROM {table} ORDER BY sent_at")
+    assert got == [("20m-earlier",), ("first",)]
 
 
 def test_bad_records_go_to_the_dead_letter_topic_with_reasons(

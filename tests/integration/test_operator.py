@@ -166,6 +166,109 @@ def test_new_replicas_wait_until_old_drivers_are_gone(operator: Operator) -> Non
     assert {n: a["spec"] for n, a in apps.items()} == {n: a["spec"] for n, a in want.items()}
 
 
+def driver_pod(op: Operator, ns: str, app: dict[str, Any], phase: str = "Running") -> str:
+    """What spark-operator makes for an application: a driver pod with its labels, owned by the app."""
+    name = f"{app['metadata']['name']}-driver"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": ns,
+                        "labels": {**app["spec"]["driver"]["labels"], "spark-role": "driver"},
+                        "ownerReferences": [{"apiVersion": app["apiVersion"], "kind": "SparkApplication",
+                                             "name": app["metadata"]["name"], "uid": app["metadata"]["uid"],
+                                             "controller": True}]},
+           "spec": {"nodeName": "no-kubelet", "containers": [{"name": "spark-kubernetes-driver", "image": "x"}]}}
+    op.k("apply", "-f", "-", input=json.dumps(pod))
+    op.k("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge",
+         "-p", json.dumps({"status": {"phase": phase}}))
+    return name
+
+
+def test_new_replicas_wait_for_old_driver_pods(operator: Operator) -> None:
+    """The real spark-operator lets a deleted application go once it has *asked* for its driver pod's
+    deletion; the pod (and the driver writing to ClickHouse) lives on through its grace period."""
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns, replicas=1)
+    apps = op.wait_apps(ns, ["pay-0"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+    pod = driver_pod(op, ns, apps["pay-0"])
+
+    op.k("scale", "glasspipelines.glasspipe.io/pay", "-n", ns, "--replicas=2")
+    op.wait_apps(ns, [])  # the old application is gone (no finalizer here), its driver pod is not
+    prog = op.wait_condition(ns, "pay", "Progressing", "True", "RollingOut")
+    assert f"waiting for old driver pod(s) {pod} to stop" in prog["message"]
+    time.sleep(2 * INTERVAL)
+    assert op.apps(ns) == {}, "new replicas started while an old driver pod was still running"
+
+    op.k("patch", "pod", pod, "-n", ns, "--subresource=status", "--type=merge",
+         "-p", json.dumps({"status": {"phase": "Succeeded"}}))
+    apps = op.wait_apps(ns, ["pay-0", "pay-1"])
+    assert json.loads(apps["pay-1"]["spec"]["arguments"][1])["replicas"] == 2
+    # A new application's own driver pod does not block anything.
+    driver_pod(op, ns, apps["pay-0"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+
+    # Deleting the pipeline waits for running driver pods too: deleted means nothing writes any more.
+    op.k("delete", "glasspipelines.glasspipe.io", "pay", "-n", ns, "--wait=false")
+    op.wait_apps(ns, [])
+    time.sleep(2 * INTERVAL)
+    assert op.get(ns, "glasspipelines.glasspipe.io", "pay") is not None
+    op.k("delete", "pod", "pay-0-driver", "-n", ns, "--grace-period=0", "--force")
+    wait_for(lambda: op.get(ns, "glasspipelines.glasspipe.io", "pay") is None, "the pipeline to be gone", operator=op)
+
+
+def test_drift_is_corrected(operator: Operator) -> None:
+    """A hand-edited application is replaced (stop-first); lost labels and annotations are put back
+    without touching the spec; an application the label selector misses is still found by name."""
+    op, ns = operator, new_namespace(operator)
+    create_pipeline(op, ns)
+    apps = op.wait_apps(ns, ["pay-0", "pay-1"])
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+
+    op.k("label", "sparkapplications.sparkoperator.k8s.io", "pay-0", "-n", ns, "glasspipe.io/pipeline-",
+         "app.kubernetes.io/name-")
+    op.k("annotate", "sparkapplications.sparkoperator.k8s.io", "pay-0", "-n", ns, f"{SPEC_HASH_ANNOTATION}-")
+    restored = wait_for(lambda: (a := op.apps(ns)["pay-0"])["metadata"]["labels"].get("glasspipe.io/pipeline")
+                        and SPEC_HASH_ANNOTATION in a["metadata"]["annotations"] and a, "pay-0 relabelled", operator=op)
+    assert restored["metadata"]["uid"] == apps["pay-0"]["metadata"]["uid"]
+    assert restored["spec"] == apps["pay-0"]["spec"]
+    assert restored["metadata"]["labels"] == apps["pay-0"]["metadata"]["labels"]
+
+    edit = {"spec": {"sparkConf": {"spark.sql.shuffle.partitions": "999"}, "driver": {"memory": "9g"}}}
+    op.k("patch", "sparkapplications.sparkoperator.k8s.io", "pay-1", "-n", ns, "--type=merge", "-p", json.dumps(edit))
+    replaced = wait_for(lambda: (a := op.apps(ns).get("pay-1")) and a["metadata"]["uid"] != apps["pay-1"]["metadata"][
+        "uid"] and a, "pay-1 replaced", operator=op)
+    assert replaced["spec"] == expected_apps(op, ns, "pay")["pay-1"]["spec"]
+    assert op.apps(ns)["pay-0"]["metadata"]["uid"] == apps["pay-0"]["metadata"]["uid"]
+    events = json.loads(op.k("get", "events", "-n", ns, "-o", "json"))["items"]
+    drift = [e for e in events if e["reason"] == "SparkApplicationDrift"]
+    assert drift and drift[0]["type"] == "Warning" and "pay-1" in drift[0]["message"]
+    metrics = op.metrics()
+    assert 'glasspipe_operator_sparkapplication_operations_total{operation="replace_drifted"}' in metrics
+    assert 'glasspipe_operator_sparkapplication_operations_total{operation="restore_metadata"}' in metrics
+    run_all(op, ns)
+    op.wait_condition(ns, "pay", "Ready", "True")
+
+
+def test_foreign_application_with_our_name_is_degraded(operator: Operator) -> None:
+    op, ns = operator, new_namespace(operator)
+    foreign = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
+               "metadata": {"name": "pay-0", "namespace": ns},
+               "spec": {"type": "Python", "sparkVersion": "4.2.0", "mainApplicationFile": "local:///theirs.py",
+                        "driver": {}, "executor": {}}}
+    op.k("apply", "-f", "-", input=json.dumps(foreign))
+    create_pipeline(op, ns)
+    deg = op.wait_condition(ns, "pay", "Degraded", "True", "ReconcileError")
+    assert (f"SparkApplication {ns}/pay-0 already exists and is not owned by GlassPipeline {ns}/pay: "
+            "delete or rename it") in deg["message"]
+    assert sorted(op.apps(ns)) == ["pay-0"]
+    assert op.apps(ns)["pay-0"]["spec"] == foreign["spec"], "the foreign application was changed"
+    op.k("delete", "sparkapplications.sparkoperator.k8s.io", "pay-0", "-n", ns)
+    op.wait_apps(ns, ["pay-0", "pay-1"])
+    op.wait_condition(ns, "pay", "Degraded", "False")
+
+
 def test_spark_operator_states_drive_conditions(operator: Operator) -> None:
     op, ns = operator, new_namespace(operator)
     create_pipeline(op, ns, replicas=2)

@@ -68,3 +68,12 @@ def test_cli_render_prints_plain_yaml(capsys: pytest.CaptureFixture[str]) -> Non
     docs = list(yaml.safe_load_all(out))
     assert [d["metadata"]["name"] for d in docs] == ["payments-settled-0", "payments-settled-1"]
     assert "&id" not in out
+
+
+def test_every_replica_reads_bounded_micro_batches_by_default() -> None:
+    """Issue #14: an unbounded first micro-batch of a pipeline far behind ran the driver out of memory."""
+    import json
+
+    app = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml"))[0]
+    config = json.loads(app["spec"]["arguments"][1])
+    assert config["spec"]["sources"][0]["kafka"]["maxOffsetsPerTrigger"] == 200_000

@@ -111,6 +111,10 @@ class KafkaSecurity(ApiModel):
     ca_secret_ref: SecretKeyRef | None = Field(None, description="Secret key with the PEM CA bundle for SSL.")
 
 
+# Records per micro-batch and replica unless the spec says otherwise (bounds the driver's memory).
+DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
+
+
 class KafkaSource(ApiModel):
     """Where a source's records come from."""
 
@@ -122,8 +126,12 @@ class KafkaSource(ApiModel):
         "earliest",
         description="Where a new pipeline starts when its consumer group has no committed offset yet.",
     )
-    max_offsets_per_trigger: int | None = Field(
-        None, ge=1, description="Upper bound on records read per micro-batch (back-pressure). Unbounded if unset."
+    max_offsets_per_trigger: int = Field(
+        DEFAULT_MAX_OFFSETS_PER_TRIGGER, ge=1, le=100_000_000,
+        description="Upper bound on records read per micro-batch, per replica (back-pressure). Each micro-batch "
+        "is gathered in the Spark driver before it is written, so this bounds the driver's memory: a pipeline "
+        "that starts far behind catches up in batches of this size instead of failing on one huge batch. "
+        "Raise spark.driver.memory with it.",
     )
     consumer_group: str | None = Field(
         None,
@@ -173,6 +181,7 @@ class EventTime(ApiModel):
             ("self.source == 'field' || !has(self.field)",
              "eventTime.field is only used with eventTime.source 'field'"),
             _bounded_duration("allowedLateness", "7d", "eventTime.allowedLateness"),
+            _bounded_duration("maxFutureSkew", "7d", "eventTime.maxFutureSkew"),
         )
     )
 
@@ -187,7 +196,13 @@ class EventTime(ApiModel):
     allowed_lateness: Duration = Field(
         "1m",
         description="Watermark delay: how far behind the newest event time a record may arrive and still "
-        "be deduplicated or joined; later records are dead-lettered with reason 'late'.",
+        "be deduplicated or joined. Later records are dead-lettered with reason 'late' by a deduplicating "
+        "single-topic pipeline; a join drops them and counts them (glasspipe_late_records_dropped).",
+    )
+    max_future_skew: Duration = Field(
+        "1h",
+        description="With source 'field': a record whose event time is further ahead of its Kafka timestamp "
+        "is dead-lettered with reason 'future_event_time' instead of moving the watermark for good.",
     )
 
 

@@ -107,4 +107,5 @@ def on_delete(*, namespace: str | None, name: str, uid: str, **_: Any) -> None:
     """Remove the SparkApplications, then let the finalizer go. Checkpoints and offsets are kept."""
     remaining = reconciler().finalize(namespace or "", name, uid)
     if remaining:
-        raise kopf.TemporaryError(f"waiting for {remaining} SparkApplication(s) to be deleted", delay=3)
+        raise kopf.TemporaryError(
+            f"waiting for {remaining} SparkApplication(s) and driver pod(s) to stop", delay=3)

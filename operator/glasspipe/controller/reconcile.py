@@ -25,7 +25,7 @@ from glasspipe import conditions as cond
 from glasspipe.api import models
 from glasspipe.api.validation import SpecInvalid, validate_spec
 from glasspipe.controller import metrics
-from glasspipe.controller.plan import plan_children, replica_index, spec_hash_of
+from glasspipe.controller.plan import Plan, holds, lingering_drivers, plan_children, replica_index
 from glasspipe.render import PIPELINE_LABEL, SPARK_API_VERSION, SPARK_PLURAL, render_selector, render_spark_applications
 
 log = logging.getLogger("glasspipe.controller")
@@ -38,6 +38,11 @@ EventPoster = Callable[[dict[str, Any], str, str, str], None]
 
 def _owned_by(obj: dict[str, Any], uid: str) -> bool:
     return any(ref.get("uid") == uid for ref in obj["metadata"].get("ownerReferences") or [])
+
+
+def driver_pod_selector(pipeline: str) -> str:
+    """Driver pods of a pipeline: spark-operator labels them spark-role=driver and copies our labels."""
+    return f"{PIPELINE_LABEL}={pipeline},spark-role=driver"
 
 
 def _api_error(e: ApiException) -> str:
@@ -64,6 +69,7 @@ class Reconciler:
 
     def __init__(self, api: client.ApiClient, post_event: EventPoster | None = None) -> None:
         self.custom = client.CustomObjectsApi(api)
+        self.core = client.CoreV1Api(api)
         self.post_event = post_event
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._slots_lock = threading.Lock()
@@ -105,6 +111,39 @@ class Reconciler:
         res = cast(dict[str, Any], self.custom.list_namespaced_custom_object(
             SPARK_GROUP, SPARK_VERSION, namespace, SPARK_PLURAL, label_selector=f"{PIPELINE_LABEL}={name}"))
         return [a for a in res.get("items", []) if _owned_by(a, uid)]
+
+    def get_app(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return cast(dict[str, Any], self.custom.get_namespaced_custom_object(
+                SPARK_GROUP, SPARK_VERSION, namespace, SPARK_PLURAL, name))
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def unlisted_apps(
+        self, namespace: str, uid: str, names: list[str]
+    ) -> tuple[list[dict[str, Any]], list[str]]:
+        """Applications with a wanted name that the label selector missed: ours whose labels were
+        removed by hand, and foreign ones (not owned by this pipeline) that block the name."""
+        ours: list[dict[str, Any]] = []
+        foreign: list[dict[str, Any]] = []
+        for name in names:
+            obj = self.get_app(namespace, name)
+            if obj is None:
+                continue
+            (ours if _owned_by(obj, uid) else foreign).append(obj)
+        return ours, [o["metadata"]["name"] for o in foreign]
+
+    def running_driver_pods(self, namespace: str, pipeline: str) -> list[dict[str, Any]]:
+        pods = self.core.list_namespaced_pod(namespace, label_selector=driver_pod_selector(pipeline))
+        return [cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(p)) for p in pods.items]
+
+    def patch_app_metadata(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """Restore lost labels/annotations; a metadata change does not restart the driver."""
+        self.custom.patch_namespaced_custom_object(SPARK_GROUP, SPARK_VERSION, namespace, SPARK_PLURAL, name, patch)
+        metrics.CHILD_OPERATIONS.labels("restore_metadata").inc()
+        log.info("restored labels/annotations of SparkApplication %s/%s", namespace, name)
 
     def delete_app(self, namespace: str, name: str) -> None:
         try:
@@ -172,30 +211,77 @@ class Reconciler:
             desired_count = len(apps)
         else:
             desired = render_spark_applications(namespace, name, uid, spec)
+            listed = {a["metadata"]["name"] for a in apps}
+            unlisted, foreign = self.unlisted_apps(
+                namespace, uid, [d["metadata"]["name"] for d in desired if d["metadata"]["name"] not in listed])
+            apps += unlisted
             plan = plan_children(desired, apps)
             try:
-                for app_name in plan.delete:
-                    self.delete_app(namespace, app_name)
-                for body in plan.create:
-                    self.create_app(namespace, body)
+                error = self.converge(pipeline, plan, apps, foreign)
             except ApiException as e:
-                error, result = f"Kubernetes API call failed: {_api_error(e)}", "error"
+                error = f"Kubernetes API call failed: {_api_error(e)}"
+            if error is not None:
+                result = "error"
                 metrics.RECONCILE_ERRORS.inc()
                 log.error("GlassPipeline %s/%s: %s", namespace, name, error)
-            if plan.delete or plan.create or error:
-                apps = self.list_apps(namespace, name, uid)
-            hashes = {d["metadata"]["name"]: spec_hash_of(d) for d in desired}
+            if plan.delete or plan.create or plan.relabel or error:
+                apps = self.list_apps(namespace, name, uid) + self.unlisted_apps(
+                    namespace, uid, [u["metadata"]["name"] for u in unlisted])[0]
+            wanted = {d["metadata"]["name"]: d["spec"] for d in desired}
             observed = [
-                cond.observe_app(a, replica_index(a), hashes.get(a["metadata"]["name"]) == spec_hash_of(a))
+                cond.observe_app(a, replica_index(a), a["metadata"]["name"] in wanted
+                                 and holds(wanted[a["metadata"]["name"]], a.get("spec")))
                 for a in apps
             ]
             desired_count = len(desired)
-            assessment = cond.assess(desired_count, observed, suspended=spec.suspend, error=error)
+            assessment = cond.assess(desired_count, observed, suspended=spec.suspend, error=error,
+                                     stopping_pods=plan.lingering)
 
         metrics.READY_REPLICAS.labels(namespace, name).set(assessment.ready_replicas)
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(desired_count)
         self.write_status(pipeline, status, assessment, generation)
         return result
+
+    def converge(self, pipeline: dict[str, Any], plan: Plan, apps: list[dict[str, Any]],
+                 foreign: list[str]) -> str | None:
+        """Carry out the plan; returns what blocks it (for Degraded), or None."""
+        namespace, name = pipeline["metadata"]["namespace"], pipeline["metadata"]["name"]
+        for app_name in plan.drifted:
+            message = (f"SparkApplication {namespace}/{app_name} no longer holds the rendered spec (edited by "
+                       "hand?): replacing it")
+            log.warning("GlassPipeline %s/%s: %s", namespace, name, message)
+            metrics.CHILD_OPERATIONS.labels("replace_drifted").inc()
+            self._event(pipeline, "Warning", "SparkApplicationDrift", message)
+        for app_name in plan.delete:
+            self.delete_app(namespace, app_name)
+        for app_name, patch in plan.relabel.items():
+            self.patch_app_metadata(namespace, app_name, patch)
+        if foreign:
+            return "; ".join(
+                f"SparkApplication {namespace}/{n} already exists and is not owned by GlassPipeline "
+                f"{namespace}/{name}: delete or rename it, or rename this pipeline" for n in foreign)
+        if not plan.create:
+            return None
+        current = {a["metadata"]["uid"] for a in apps if a["metadata"]["name"] in plan.current}
+        plan.lingering = lingering_drivers(self.running_driver_pods(namespace, name), current)
+        if plan.lingering:
+            log.info("GlassPipeline %s/%s: waiting for old driver pod(s) %s to stop before creating %s", namespace,
+                     name, ", ".join(plan.lingering), ", ".join(b["metadata"]["name"] for b in plan.create))
+            plan.waiting += [b["metadata"]["name"] for b in plan.create]
+            plan.create = []
+            return None
+        for body in plan.create:
+            self.create_app(namespace, body)
+        return None
+
+    def _event(self, pipeline: dict[str, Any], kind: str, reason: str, message: str) -> None:
+        if self.post_event is None:
+            return
+        try:
+            self.post_event(pipeline, kind, reason, message)
+        except Exception:  # events are best effort
+            log.exception("could not post an event for %s/%s", pipeline["metadata"]["namespace"],
+                          pipeline["metadata"]["name"])
 
     def write_status(
         self, pipeline: dict[str, Any], old: dict[str, Any], a: cond.Assessment, generation: int | None
@@ -213,14 +299,9 @@ class Reconciler:
         if all(_normalized(old.get(k)) == _normalized(v) for k, v in new.items()):
             return
         self.patch_status(namespace, name, new)
-        if self.post_event is None:
-            return
         for t in cond.transitions(old.get("conditions"), conditions):
-            kind = "Warning" if t.warning else "Normal"
-            try:
-                self.post_event(pipeline, kind, t.reason, f"{t.type} is {t.new_status}: {t.message}")
-            except Exception:  # events are best effort
-                log.exception("could not post an event for %s/%s", namespace, name)
+            self._event(pipeline, "Warning" if t.warning else "Normal", t.reason,
+                        f"{t.type} is {t.new_status}: {t.message}")
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
@@ -229,13 +310,15 @@ class Reconciler:
     # ---------------------------------------------------------------------------------- delete
 
     def finalize(self, namespace: str, name: str, uid: str) -> int:
-        """Delete the pipeline's applications; returns how many still exist (retry until 0)."""
+        """Delete the pipeline's applications; returns how many applications and running driver pods
+        are left (retry until 0), so that a deleted pipeline means no driver writes any more."""
         with self._slot(namespace, name).lock:
             apps = self.list_apps(namespace, name, uid)
             for a in apps:
                 if not a["metadata"].get("deletionTimestamp"):
                     self.delete_app(namespace, a["metadata"]["name"])
             remaining = len(self.list_apps(namespace, name, uid)) if apps else 0
+            remaining += len(lingering_drivers(self.running_driver_pods(namespace, name), set()))
         if remaining == 0:
             metrics.forget_pipeline(namespace, name)
         return remaining

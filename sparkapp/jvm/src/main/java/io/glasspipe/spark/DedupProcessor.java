@@ -23,12 +23,19 @@ import scala.collection.Iterator;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * First occurrence of a key wins; later rows of that key whose event time is before
- * first + window are duplicates. Once the window has passed, the next row of the key is accepted
- * and opens a new window. The state (first accepted event time, ms) is cleared by an event-time
- * timer at first + window, i.e. when the watermark passes the end of the window: a row arriving
- * after that has an event time at or above the watermark (older rows are dropped as late by
- * Spark), so it lies outside the old window and accepting it is correct.
+ * First occurrence of a key wins; a later row of that key is a duplicate when its event time lies
+ * within a window of the first one (first - window < t < first + window). Once the window has
+ * passed, the next row of the key is accepted and opens a new window. A row more than a window
+ * <em>earlier</em> than the first one (possible when the allowed lateness exceeds the window) is
+ * not a duplicate either: it is accepted, and the state keeps the later first occurrence. The state
+ * (first accepted event time, ms) is cleared by an event-time timer at first + window, i.e. when the
+ * watermark passes the end of the window: a row arriving after that has an event time at or above
+ * the watermark (older rows are late), so it lies outside the old window and accepting it is
+ * correct.
+ *
+ * <p>Late rows (event time below the current watermark): with {@code flagLate} the caller has kept
+ * Spark from dropping them (see {@link WindowDedup}), and they are emitted with the late flag set,
+ * without reading or changing any state, so that they reach the dead-letter topic.
  *
  * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and
  * offset), so a replayed micro-batch with the same rows gives the same result.
@@ -47,6 +54,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private final int partitionIndex;
   private final int offsetIndex;
   private final LongAccumulator keysInTwoPartitions;
+  private final boolean flagLate;
   private transient ValueState<Tuple2<Long, Integer>> firstSeen;
 
   /**
@@ -55,7 +63,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
    *     no such column.
    */
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
-      int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions) {
+      int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
@@ -63,6 +71,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     this.partitionIndex = partitionIndex;
     this.offsetIndex = offsetIndex;
     this.keysInTwoPartitions = keysInTwoPartitions;
+    this.flagLate = flagLate;
   }
 
   private long offsetOf(Row row) {
@@ -95,12 +104,17 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     return Long.MIN_VALUE;
   }
 
-  private Row flagged(Row row, boolean duplicate) {
-    Object[] values = new Object[row.length() + 1];
+  /** The row plus its duplicate flag (and, with {@code flagLate}, its late flag). */
+  private Row flagged(Row row, boolean duplicate, boolean late) {
+    int extra = flagLate ? 2 : 1;
+    Object[] values = new Object[row.length() + extra];
     for (int i = 0; i < row.length(); i++) {
       values[i] = row.get(i);
     }
     values[row.length()] = duplicate;
+    if (flagLate) {
+      values[row.length() + 1] = late;
+    }
     return RowFactory.create(values);
   }
 
@@ -108,10 +122,13 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   public Iterator<Row> handleInputRows(Row key, Iterator<Row> rows, TimerValues timerValues) {
     List<Row> out = new ArrayList<>();
     List<Row> batch = new ArrayList<>();
+    long watermark = flagLate ? timerValues.getCurrentWatermarkInMs() : Long.MIN_VALUE;
     while (rows.hasNext()) {
       Row row = rows.next();
       if (passesThrough(row)) {
-        out.add(emitDropped ? flagged(row, false) : row);
+        out.add(emitDropped ? flagged(row, false, false) : row);
+      } else if (flagLate && eventMs(row) != Long.MIN_VALUE && eventMs(row) < watermark) {
+        out.add(flagged(row, false, true));
       } else {
         batch.add(row);
       }
@@ -134,18 +151,20 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     boolean hadState = exists;
     for (Row row : batch) {
       long t = eventMs(row);
-      boolean duplicate = exists && t != Long.MIN_VALUE && t < first + windowMs;
+      boolean duplicate = exists && t != Long.MIN_VALUE && t > first - windowMs && t < first + windowMs;
       int partition = partitionOf(row);
       if (exists && duplicate && partition != firstPartition && keysInTwoPartitions != null) {
         keysInTwoPartitions.add(1L);
       }
-      if (!duplicate && t != Long.MIN_VALUE) {
+      // A new window opens only forward in time: an accepted straggler from more than a window
+      // before the first occurrence leaves the (later) first occurrence and its timer in place.
+      if (!duplicate && t != Long.MIN_VALUE && (!exists || t >= first + windowMs)) {
         first = t;
         firstPartition = partition;
         exists = true;
       }
       if (emitDropped) {
-        out.add(flagged(row, duplicate));
+        out.add(flagged(row, duplicate, false));
       } else if (!duplicate) {
         out.add(row);
       }

@@ -55,6 +55,31 @@ public final class WindowDedup {
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol) {
+    return deduplicate(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, null);
+  }
+
+  /** The event-time column handed to {@code transformWithState} when late rows are flagged. */
+  public static final String LATE_GUARD_COL = "_gp_watermark_guard";
+
+  /**
+   * As above; with {@code lateCol} non-null (and {@code flagCol} non-null), late rows are not dropped
+   * by Spark but emitted with the boolean {@code lateCol} set to true, so the caller can dead-letter
+   * them. Spark drops late rows by the input's watermark column before a stateful processor sees
+   * them; so here the event time is copied into a column without the watermark mark (the watermark
+   * itself is already tracked upstream) and {@code transformWithState} gets an all-NULL guard column
+   * {@link #LATE_GUARD_COL} as its event time, which is never late. The output carries that guard
+   * column (NULL) instead of a watermarked event time: nothing stateful may follow.
+   */
+  public static Dataset<Row> deduplicate(
+      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
+    if (lateCol != null) {
+      if (flagCol == null) {
+        throw new IllegalArgumentException("lateCol needs flagCol");
+      }
+      df = df.withColumn(eventTimeCol, functions.col(eventTimeCol).plus(functions.expr("INTERVAL 0 SECONDS")))
+          .withColumn(LATE_GUARD_COL, functions.lit(null).cast(DataTypes.TimestampType));
+    }
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
@@ -82,6 +107,12 @@ public final class WindowDedup {
       }
       outSchema = schema.add(flagCol, DataTypes.BooleanType, false);
     }
+    if (lateCol != null) {
+      if (Arrays.asList(schema.fieldNames()).contains(lateCol)) {
+        throw new IllegalArgumentException("late column " + lateCol + " already exists");
+      }
+      outSchema = outSchema.add(lateCol, DataTypes.BooleanType, false);
+    }
     int passthroughIndex = -1;
     if (passthroughCol != null) {
       passthroughIndex = schema.fieldIndex(passthroughCol);
@@ -96,9 +127,10 @@ public final class WindowDedup {
     }
     DedupProcessor processor = new DedupProcessor(
         etIndex, windowMs, flagCol != null, passthroughIndex, partitionIndex, offsetIndex,
-        keysInTwoPartitions);
+        keysInTwoPartitions, lateCol != null);
     return df.groupBy(keyCols)
         .as(Encoders.row(keySchema), Encoders.row(schema))
-        .transformWithState(processor, eventTimeCol, OutputMode.Append(), Encoders.row(outSchema));
+        .transformWithState(processor, lateCol != null ? LATE_GUARD_COL : eventTimeCol, OutputMode.Append(),
+            Encoders.row(outSchema));
   }
 }
