@@ -7,20 +7,20 @@
 set -euo pipefail
 CT_DIR="${GLASSPIPE_CACHE:-$HOME/.cache/glasspipe}/containers"
 mkdir -p "$CT_DIR"
-if [ ! -f "$CT_DIR/containers.conf" ]; then
-  # Why each line: podman's default ulimits try to raise limits past what an unprivileged VM may
-  # (rlimit "operation not permitted"), crun refuses cgroup v1 "hybrid" hosts, there is no systemd
-  # (so no systemd cgroup manager and no journald event log).
-  cat >"$CT_DIR/containers.conf.tmp" <<'CONF'
-[containers]
+# Why each line: podman's default ulimits try to raise limits past what an unprivileged VM may
+# (rlimit "operation not permitted"), crun refuses cgroup v1 "hybrid" hosts, there is no systemd
+# (so no systemd cgroup manager and no journald event log).
+CONF='[containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 
 [engine]
 runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
-CONF
-  mv "$CT_DIR/containers.conf.tmp" "$CT_DIR/containers.conf"
+'
+if [ "$(cat "$CT_DIR/containers.conf" 2>/dev/null)" != "${CONF%$'\n'}" ]; then
+  printf '%s' "$CONF" >"$CT_DIR/containers.conf.$$"
+  mv "$CT_DIR/containers.conf.$$" "$CT_DIR/containers.conf"
 fi
 export CONTAINERS_CONF="$CT_DIR/containers.conf"
 exec podman --root "$CT_DIR/storage" --runroot "$CT_DIR/run" --storage-driver overlay "$@"
