@@ -39,9 +39,11 @@ class Image:
 
     def run_argv(self, *args: str, entrypoint: str | None = None, network: str = "none",
                  volumes: Sequence[str] = (), env: Mapping[str, str] | None = None, name: str | None = None,
-                 user: str | None = None) -> list[str]:
+                 user: str | None = None, read_only: bool = False) -> list[str]:
         """The podman run argv (for a container a test starts and stops itself)."""
         argv = ["run", "--rm", "--pull=never", f"--network={network}"]
+        if read_only:
+            argv.append("--read-only")
         if name:
             argv.append(f"--name={name}")
         if entrypoint is not None:

@@ -23,8 +23,10 @@ from glasspipe.api.validation import validate_resource
 from glasspipe.render import JOB_MAIN, SPARK_VERSION, render_spark_applications
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.kube import KubeAPIServer
 from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce
 from glasspipe_dev.process import free_port
+from operator_harness import running_operator
 
 pytestmark = pytest.mark.integration
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
@@ -73,6 +75,39 @@ def test_operator_image_validates_every_example_inside_it(operator_image: Image)
     broken = operator_image.run("-c", "sed 's/window: 5m/window: 5 minutes/' /opt/glasspipe/examples/sms-dedup.yaml"
                                 " | glasspipe validate -", entrypoint="bash", check=False)
     assert broken.returncode == 1 and "window" in broken.stderr, broken
+
+
+def test_operator_image_reconciles_an_example_as_the_chart_runs_it(
+    operator_image: Image, kube: KubeAPIServer, tmp_path: Path
+) -> None:
+    """The image as the chart's Deployment runs it (its uid, a read-only root file system) with the
+    chart's ServiceAccount and RBAC, on the host network against the real API server: an example gets
+    the SparkApplication the render gives and a status."""
+    _, uid = chart_operator_image()
+    container = f"gp-operator-{uuid.uuid4().hex[:8]}"
+
+    def command(kubeconfig: Path) -> list[str]:
+        return operator_image.run_argv(
+            network="host", name=container, user=f"{uid}:{uid}", read_only=True,
+            volumes=[f"{kubeconfig}:/etc/glasspipe/kubeconfig:ro"], env={"KUBECONFIG": "/etc/glasspipe/kubeconfig"})
+
+    try:
+        with running_operator(kube, tmp_path / "operator.log", command) as op:
+            ns = op.new_namespace()
+            doc = load_example("sms-dedup.yaml")
+            doc["metadata"] = {"name": "sms", "namespace": ns}
+            op.k("apply", "-f", "-", input=json.dumps(doc))
+            app = op.wait_apps(ns, ["sms-0"], timeout=90)["sms-0"]
+            created = op.pipeline(ns, "sms")
+            spec, _ = validate_resource(created)
+            want = render_spark_applications(ns, "sms", created["metadata"]["uid"], spec)[0]
+            assert app["spec"] == want["spec"]
+            op.wait_condition(ns, "sms", "Progressing", "True", "ReplicasStarting", timeout=60)
+            op.set_state(ns, "sms-0", "RUNNING")  # what spark-operator would write
+            op.wait_condition(ns, "sms", "Ready", "True", "AllReplicasRunning", timeout=60)
+            assert "glasspipe_operator_reconciles_total" in op.metrics()
+    finally:
+        podman("rm", "--force", "--ignore", container, check=False)
 
 
 def render_example(name: str, **spec_changes: Any) -> dict[str, Any]:
