@@ -102,9 +102,9 @@ def main() -> None:
     args = ap.parse_args()
 
     from glasspipe_job.config import config_from_resource, load_job_config
-    from glasspipe_job.local import local_session
     from glasspipe_job.metrics import offsets_behind
     from glasspipe_job.runner import start_pipeline
+    from glasspipe_job.session import local_session
 
     tmp = Path(tempfile.mkdtemp(prefix="gp-bench-join-"))
     with KafkaServer() as kafka, ClickHouseServer() as ch:

@@ -11,15 +11,14 @@ so tests can take ClickHouse away mid-run and bring it back with its tables inta
 
 from __future__ import annotations
 
-import re
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from glasspipe_dev.paths import NotInstalledError
-from glasspipe_dev.process import RestartableServer, ServerProcess, free_port, port_open
+from glasspipe_dev.process import RestartableServer, ServerProcess, free_ports, log_tail, port_open
+from glasspipe_job.clickhouse.mechanism import parse_version
 
 if TYPE_CHECKING:
     from clickhouse_driver import Client
@@ -118,18 +117,8 @@ def find_server_binary() -> Path:
     raise NotInstalledError(f"clickhouse-server is not installed: {INSTALL_HINT}")
 
 
-def parse_version(text: str) -> tuple[int, ...]:
-    """'18.16.1' -> (18, 16, 1); '24.8.4.13-lts' -> (24, 8, 4, 13)."""
-    m = re.match(r"\s*(\d+(?:\.\d+)*)", text)
-    if not m:
-        raise ValueError(f"not a ClickHouse version: {text!r}")
-    return tuple(int(p) for p in m.group(1).split("."))
-
-
 class ClickHouseServer(RestartableServer):
     """One clickhouse-server child process with its own config, data and log folder."""
-
-    host = "127.0.0.1"
 
     def __init__(
         self,
@@ -148,10 +137,7 @@ class ClickHouseServer(RestartableServer):
         self.log_dir = self.workdir / "log"
         self.config_path = self.workdir / "config.xml"
         self.users_path = self.workdir / "users.xml"
-        self.port = free_port()
-        self.http_port = free_port()
-        while self.http_port == self.port:
-            self.http_port = free_port()
+        self.port, self.http_port = free_ports(2)
         self.start_timeout = start_timeout
         self._settings = {
             "mark_cache_size": mark_cache_mib * _MiB,
@@ -196,16 +182,6 @@ class ClickHouseServer(RestartableServer):
         self._process.wait_ready(self._ready, self.start_timeout, f"(tcp {self.port}, data {self.data_dir})")
         return self
 
-    def _wait_port_free(self, port: int, timeout: float = 15.0) -> None:
-        """After a stop the old process's socket can linger briefly; someone else may have taken it."""
-        deadline = time.monotonic() + timeout
-        while port_open(port, self.host):
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"port {port} is taken by another process; cannot restart ClickHouse on it"
-                )
-            time.sleep(0.2)
-
     def _ready(self) -> bool:
         if not port_open(self.port, self.host):  # the driver logs every refused connection
             return False
@@ -243,8 +219,4 @@ class ClickHouseServer(RestartableServer):
         return self._version
 
     def log_tail(self, lines: int = 40) -> str:
-        path = self.log_dir / "clickhouse-server.err.log"
-        try:
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_dir / "clickhouse-server.err.log", lines)

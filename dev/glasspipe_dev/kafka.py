@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from glasspipe_dev.paths import NotInstalledError, cache_dir, java_home
-from glasspipe_dev.process import RestartableServer, ServerProcess, free_port, port_open
+from glasspipe_dev.paths import NotInstalledError, cache_dir, java_binary
+from glasspipe_dev.process import RestartableServer, ServerProcess, free_ports, log_tail, port_open
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient
@@ -82,13 +82,6 @@ def kafka_home(version: str = KAFKA_VERSION) -> Path:
     return home
 
 
-def java_binary() -> Path:
-    java = Path(java_home()) / "bin" / "java"
-    if not java.is_file():
-        raise NotInstalledError(f"no Java 17 at {java} (set JAVA_HOME or apt-get install openjdk-17-jdk-headless)")
-    return java
-
-
 def random_cluster_id() -> str:
     """What `StorageTool random-uuid` prints (a Kafka Uuid: url-safe base64 of 16 random bytes).
 
@@ -102,8 +95,6 @@ def random_cluster_id() -> str:
 
 class KafkaServer(RestartableServer):
     """One Kafka KRaft node (broker + controller) as a child JVM with its own data and log folder."""
-
-    host = "127.0.0.1"
 
     def __init__(
         self,
@@ -121,10 +112,7 @@ class KafkaServer(RestartableServer):
         self.data_dir = self.workdir / "data"
         self.log_dir = self.workdir / "log"
         self.config_path = self.workdir / "server.properties"
-        self.port = free_port()
-        self.controller_port = free_port()
-        while self.controller_port == self.port:
-            self.controller_port = free_port()
+        self.port, self.controller_port = free_ports(2)
         self.cluster_id = random_cluster_id()
         self.extra_config = dict(config or {})
         self.start_timeout = start_timeout
@@ -209,13 +197,6 @@ class KafkaServer(RestartableServer):
         self.last_start_seconds = time.monotonic() - began
         return self
 
-    def _wait_port_free(self, port: int, timeout: float = 15.0) -> None:
-        deadline = time.monotonic() + timeout
-        while port_open(port, self.host):
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"port {port} is taken by another process; cannot (re)start Kafka on it")
-            time.sleep(0.2)
-
     def _ready(self) -> bool:
         if not port_open(self.port, self.host):  # librdkafka logs every refused connection
             return False
@@ -268,8 +249,4 @@ class KafkaServer(RestartableServer):
         self.admin().delete_topics([name], operation_timeout=timeout)[name].result(timeout=timeout)
 
     def log_tail(self, lines: int = 40) -> str:
-        path = self.log_dir / "stdout.log"
-        try:
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_dir / "stdout.log", lines)

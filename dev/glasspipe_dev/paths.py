@@ -20,5 +20,13 @@ def java_home() -> str:
     return "/usr/lib/jvm/java-17-openjdk-amd64"
 
 
+def java_binary() -> Path:
+    """``bin/java`` of java_home(), or NotInstalledError saying how to install it."""
+    java = Path(java_home()) / "bin" / "java"
+    if not java.is_file():
+        raise NotInstalledError(f"no Java 17 at {java} (set JAVA_HOME or apt-get install openjdk-17-jdk-headless)")
+    return java
+
+
 class NotInstalledError(RuntimeError):
     """A component is missing from the cache: run the install script named in the message."""

@@ -20,6 +20,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports (for a server that listens on several)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    """The last lines of a log file, or "(no log)"."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
@@ -80,10 +98,7 @@ class ServerProcess:
         )
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
+        return log_tail(self.log_path, lines)
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -114,6 +129,7 @@ class RestartableServer:
     ``_own_workdir``, and implement ``start()`` (re-entrant: it starts again after stop() or kill()).
     """
 
+    host = "127.0.0.1"
     _process: ServerProcess | None
     workdir: Path
     _own_workdir: bool
@@ -123,6 +139,15 @@ class RestartableServer:
 
     def running(self) -> bool:
         return self._process is not None and self._process.alive()
+
+    def _wait_port_free(self, port: int, timeout: float = 15.0) -> None:
+        """After a stop the old process's socket can linger briefly; someone else may have taken it."""
+        deadline = time.monotonic() + timeout
+        while port_open(port, self.host):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"port {port} is taken by another process; cannot (re)start {type(self).__name__} "
+                                   "on it")
+            time.sleep(0.2)
 
     def stop(self, timeout: float = 30.0) -> None:
         """A clean shutdown (SIGTERM); the data folder and ports are kept for start()."""

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from glasspipe_dev.paths import NotInstalledError, cache_dir, java_home
+from glasspipe_dev.paths import NotInstalledError, cache_dir, java_binary
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -48,10 +48,7 @@ def spark_jars(version: str | None = None) -> list[str]:
 
 def ensure_java_env() -> None:
     """Spark 4 needs Java 17; pyspark starts whatever `java` JAVA_HOME (else PATH) names."""
-    home = java_home()
-    if not (Path(home) / "bin" / "java").is_file():
-        raise NotInstalledError(f"no Java 17 at {home} (set JAVA_HOME or apt-get install openjdk-17-jdk-headless)")
-    os.environ["JAVA_HOME"] = home
+    os.environ["JAVA_HOME"] = str(java_binary().parents[1])
     # Executors' Python workers must be this interpreter (the venv), not whatever `python3` is on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -73,6 +70,8 @@ def local_spark_session(
     """
     ensure_java_env()
     from pyspark.sql import SparkSession
+
+    from glasspipe_job.session import spark_session
 
     jars = [*spark_jars(), *(str(Path(j).resolve()) for j in (extra_jars or ()))]
     scratch = Path(tempfile.mkdtemp(prefix="gp-spark-"))
@@ -106,9 +105,4 @@ def local_spark_session(
             raise RuntimeError(
                 f"a SparkSession is already running without {missing}; stop it before local_spark_session()"
             )
-    builder = SparkSession.builder.master("local[2]").appName(app_name)
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
+    return spark_session(app_name, conf, master="local[2]", quiet=True)

@@ -18,9 +18,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 
-from glasspipe.api.validation import split_clickhouse_type
+from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.handover import CheckpointFiles
@@ -29,13 +28,6 @@ from glasspipe_job.metrics import JobMetrics
 from glasspipe_job.transform import DUPLICATE, META_COLUMNS, REASON, STATUS, WARMUP
 
 log = logging.getLogger("glasspipe.job")
-
-
-def read_offset_log(df: DataFrame, checkpoint: str, batch_id: int) -> list[dict[str, dict[str, int]]]:
-    """End offsets of a batch, one dict per source, from Spark's write-ahead offset log."""
-    text = CheckpointFiles(df.sparkSession, checkpoint).read(f"offsets/{batch_id}")
-    lines = text.splitlines()[2:]  # "v1", then batch metadata, then one line per source
-    return [json.loads(line) if line and line != "-" else {} for line in lines]
 
 
 class DeadLetters:
@@ -88,11 +80,11 @@ class BatchWriter:
         self.metrics = metrics
         self.checkpoint = checkpoint
         self.output_names = [c.name for c in config.columns]
-        self.required = [c.name for c in config.columns if not split_clickhouse_type(c.clickhouse_type)[1]]
+        self.required = [c.name for c in config.columns if not parse_clickhouse_type(c.clickhouse_type).nullable]
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        offsets = read_offset_log(df, self.checkpoint, batch_id)
+        offsets = CheckpointFiles(df.sparkSession, self.checkpoint).offset_log(batch_id)
         table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP).toArrow()
         table = table.filter(pc.invert(pc.fill_null(table.column(WARMUP), False)))  # written by a predecessor
         status = table.column(STATUS)
@@ -148,10 +140,3 @@ class BatchWriter:
         self.metrics.keys_in_two_partitions.set(seen)
 
 
-def select_output(df: DataFrame, config: JobConfig) -> DataFrame:
-    """Output columns cast to the Spark type of their ClickHouse column, plus what the writer needs."""
-    from glasspipe_job.spark_types import spark_type_for_clickhouse
-
-    # try_cast: with ANSI SQL (Spark 4 default) a bad cast would fail the query; NULL goes to the DLQ instead.
-    cols = [F.expr(c.sql).try_cast(spark_type_for_clickhouse(c.clickhouse_type)).alias(c.name) for c in config.columns]
-    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP)

@@ -13,6 +13,10 @@ from glasspipe.api.durations import parse_duration_ms
 from glasspipe.api.validation import OutputColumn, validate_spec
 
 
+class UnsupportedPipeline(Exception):
+    """The spec asks for something this job version cannot run; the message says what."""
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """One replica's view of a pipeline. ``replicas`` is this field, not ``spec.replicas`` (an operator-only

@@ -15,7 +15,10 @@ its checkpoint is still the furthest point for its partitions:
      dedup operator only (*warm-up*: rows before the resume offset update the state and are not
      written), so keys whose window is still open stay deduplicated across the rescale.
 The decision is written next to the checkpoint (``glasspipe-handover.json``) so that restarts of the
-new checkpoint replay exactly the same way. docs/scaling.md explains the protocol.
+new checkpoint replay exactly the same way. docs/scaling.md explains the protocol; the ledger rows it
+reads, and the roll-back, are in ``glasspipe_job.clickhouse.ledger``. ``resumable`` and ``new_start``
+decide (pure); ``glasspipe_job.runner.prepare_handover`` gathers their inputs and carries them out, all
+before the sink is built with the writer id decided here.
 
 Safety rests on stop-first rescaling: the operator starts a new layout only after every application of
 the old one has stopped, so no writer that is rolled back or superseded is still running.
@@ -26,11 +29,15 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
+
+from glasspipe.api import models
+from glasspipe.api.durations import parse_duration_ms
+from glasspipe_job.clickhouse.ledger import DONE, PENDING, ROLLED_BACK
 
 log = logging.getLogger("glasspipe.job")
 
@@ -68,18 +75,23 @@ class Handover:
 # ------------------------------------------------------------------------------------ pure ledger math
 
 
+def merge_offsets(entries: Iterable[Mapping[str, Mapping[Any, int]] | None]) -> Offsets:
+    """One Offsets from a list of {topic: {partition: offset}} (one entry per source)."""
+    out: Offsets = {}
+    for entry in entries:
+        for topic, parts in (entry or {}).items():
+            for p, off in parts.items():
+                out.setdefault(topic, {})[int(p)] = int(off)
+    return out
+
+
 def _batch_offsets(offsets_json: str) -> Offsets:
     """The offsets a ledger row records: a list (one entry per source) of {topic: {partition: offset}}."""
     try:
         loaded = json.loads(offsets_json)
     except ValueError:
         return {}
-    out: Offsets = {}
-    for entry in loaded if isinstance(loaded, list) else [loaded]:
-        for topic, parts in (entry or {}).items():
-            for p, off in parts.items():
-                out.setdefault(topic, {})[int(p)] = int(off)
-    return out
+    return merge_offsets(loaded if isinstance(loaded, list) else [loaded])
 
 
 def ledger_progress(rows: Sequence[tuple[str, int, str, str]], except_writer: str | None = None) -> Offsets:
@@ -87,7 +99,7 @@ def ledger_progress(rows: Sequence[tuple[str, int, str, str]], except_writer: st
     writer or by every writer but ``except_writer``."""
     out: Offsets = {}
     for writer, _batch, state, offsets in rows:
-        if state != "done" or writer == except_writer:
+        if state != DONE or writer == except_writer:
             continue
         for topic, parts in _batch_offsets(offsets).items():
             for p, off in parts.items():
@@ -103,11 +115,11 @@ def abandoned_batches(rows: Sequence[tuple[str, int, str, str]], owned: Offsets,
     offsets_of: dict[tuple[str, int], str] = {}
     for writer, batch, state, offsets in rows:
         states.setdefault((writer, batch), set()).add(state)
-        if state == "pending":
+        if state == PENDING:
             offsets_of[(writer, batch)] = offsets
     out = []
     for (writer, batch), st in sorted(states.items()):
-        if writer == except_writer or st & {"done", "rolledback"} or "pending" not in st:
+        if writer == except_writer or st & {DONE, ROLLED_BACK} or PENDING not in st:
             continue
         touched = _batch_offsets(offsets_of[(writer, batch)])
         if any(p in owned.get(t, {}) for t, parts in touched.items() for p in parts):
@@ -128,7 +140,59 @@ def is_superseded(committed: Offsets, others: Offsets) -> bool:
     return any(others.get(t, {}).get(p, -1) > off for t, parts in committed.items() for p, off in parts.items())
 
 
+# ------------------------------------------------------------------------------------- the decision
+
+
+def resumable(previous: Handover | None, committed: Offsets | None, rows: Sequence[tuple[str, int, str, str]]) -> bool:
+    """Resume a checkpoint? Only with its hand-over record (``previous``), and only while no other writer
+    has written its partitions past what the checkpoint ``committed`` (its newest commit-log entry, else
+    where it resumed): see ``is_superseded``."""
+    if previous is None:
+        return False
+    return not is_superseded(committed or previous.resume, ledger_progress(rows, except_writer=previous.writer_id))
+
+
+def new_writer_id(prefix: str, replica: int, replicas: int) -> str:
+    return f"{prefix}{replica}of{replicas}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True)
+class NewStart:
+    """How a new checkpoint starts: the abandoned batches to roll back first, then where to resume."""
+
+    writer_id: str
+    roll_back: list[tuple[str, int, str]]  # (writer, batch, offsets) of batches a stopped writer never finished
+    resume: Offsets
+
+
+def new_start(writer_id: str, rows: Sequence[tuple[str, int, str, str]], owned: Offsets, committed: Offsets,
+              fallback: Mapping[str, int]) -> NewStart:
+    """Per owned partition, resume at the ledger's furthest done offset, else the consumer group's committed
+    offset, else ``fallback[topic]`` (kafka_offsets.EARLIEST or LATEST, from ``startingOffsets``)."""
+    progress = ledger_progress(rows)
+    resume = {t: {p: progress.get(t, {}).get(p, committed.get(t, {}).get(p, fallback[t])) for p in parts}
+              for t, parts in owned.items()}
+    return NewStart(writer_id, abandoned_batches(rows, owned, writer_id), resume)
+
+
+def warmup_lookback_ms(source: models.Source, join: models.Join | None) -> int | None:
+    """How far before the resume point a new checkpoint re-reads a source so that its stateful operators
+    remember what they must: the longest window (dedup, join) plus the allowed lateness; None: no state."""
+    windows = [parse_duration_ms(w) for w in (
+        source.deduplication.window if source.deduplication else None, join.window if join else None) if w]
+    if not windows:
+        return None
+    return max(windows) + parse_duration_ms(source.event_time.allowed_lateness)
+
+
 # ------------------------------------------------------------------------------- checkpoint files
+
+
+def parse_offset_log(text: str) -> list[dict[str, dict[str, int]]]:
+    """An entry of Spark's offset log (``offsets/<batch>``): "v1", the batch metadata, then one line per
+    source in the query's source order ("-" for a source without offsets, given as {})."""
+    lines = text.splitlines()[2:]
+    return [json.loads(line) if line and line != "-" else {} for line in lines]
 
 
 class CheckpointFiles:
@@ -178,8 +242,11 @@ class CheckpointFiles:
         committed = self._batch_ids("commits")
         if not committed:
             return None
-        lines = self.read(f"offsets/{max(committed)}").splitlines()[2:]
-        return _batch_offsets(json.dumps([json.loads(line) for line in lines if line and line != "-"]))
+        return merge_offsets(self.offset_log(max(committed)))
+
+    def offset_log(self, batch_id: int) -> list[dict[str, dict[str, int]]]:
+        """End offsets of a batch, one dict per source, from Spark's write-ahead offset log."""
+        return parse_offset_log(self.read(f"offsets/{batch_id}"))
 
     def set_aside(self) -> str:
         """Rename the checkpoint folder out of the way (kept for inspection, never reused)."""
@@ -193,7 +260,7 @@ class CheckpointFiles:
         return dst
 
 
-# ------------------------------------------------------------------------------------- the decision
+# ------------------------------------------------------------------------------------- Kafka reads
 
 
 def warmup_start(client_conf: dict[str, str], resume: Offsets, lookback_ms: int) -> Offsets:
@@ -223,10 +290,6 @@ def warmup_start(client_conf: dict[str, str], resume: Offsets, lookback_ms: int)
         return out
     finally:
         consumer.close()
-
-
-def new_writer_id(prefix: str, replica: int, replicas: int) -> str:
-    return f"{prefix}{replica}of{replicas}-{uuid.uuid4().hex[:8]}"
 
 
 def starting_offsets_json(offsets: Offsets) -> str:

@@ -33,8 +33,7 @@ from pyspark.sql import types as T
 
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
-from glasspipe_job.batch_writer import select_output
-from glasspipe_job.config import JobConfig
+from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.transform import (
     DUPLICATE,
     EVENT_TIME,
@@ -42,10 +41,9 @@ from glasspipe_job.transform import (
     REASON,
     STATUS,
     WARMUP,
-    deduplicate,
-    observe_counts,
+    select_output,
+    source_rows,
     spark_type,
-    with_dead_flag,
 )
 
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
@@ -70,8 +68,7 @@ def _interval(ms: int) -> Column:
 
 def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str]) -> DataFrame:
     """ok rows -> watermark -> dedup; duplicates counted (observe) and dropped; fields packed in a struct."""
-    side = observe_counts(checked, "input_" + source.name).where(F.col(STATUS) == "ok")
-    side = deduplicate(with_dead_flag(side), source)  # withWatermark(EVENT_TIME) inside; dedup re-emits it
+    side = source_rows(checked, source, before_join=True)  # withWatermark(EVENT_TIME) inside; dedup re-emits it
     if source.deduplication is not None:
         side = side.observe(DEDUP_OBSERVATION + source.name,
                             F.sum(F.when(F.col(DUPLICATE), 1).otherwise(0)).alias("duplicates"))
@@ -95,8 +92,6 @@ def _dead_side(checked: DataFrame, source: models.Source, other: models.Source) 
 
 def check_runnable(config: JobConfig, partition_counts: Mapping[str, int]) -> None:
     """Raise UnsupportedPipeline for joins this job cannot run correctly."""
-    from glasspipe_job.runner import UnsupportedPipeline
-
     left, right = join_sides(config)
     if left.kafka.topic == right.kafka.topic:
         raise UnsupportedPipeline(f"spec.join: sources {left.name} and {right.name} read the same topic "

@@ -7,7 +7,6 @@ the pipeline's real lag, and a replica that takes over partitions starts where t
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Iterable
 from typing import TypeVar
@@ -37,6 +36,11 @@ def _with_retries(what: str, fn: Callable[[], T], deadline_s: float = 60.0) -> T
                 raise RuntimeError(f"{what} failed: {e}") from e
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def fallback_offset(starting_offsets: str) -> int:
+    """Where a partition without a committed offset starts (``kafka.startingOffsets``), as Spark reads it."""
+    return EARLIEST if starting_offsets == "earliest" else LATEST
 
 
 def owned_partitions(partitions: Iterable[int], replica: int, replicas: int) -> list[int]:
@@ -71,12 +75,6 @@ class ConsumerGroup:
         tps = _with_retries(f"reading offsets of group {self.group}", lambda: self.consumer.committed(
             [TopicPartition(topic, p) for p in partitions], timeout=timeout))
         return {tp.partition: tp.offset for tp in tps if tp.offset != OFFSET_INVALID and tp.offset >= 0}
-
-    def starting_offsets(self, topic: str, partitions: list[int], default: str) -> str:
-        """Spark ``startingOffsets`` JSON: the group's offsets, else the spec's default for that partition."""
-        committed = self.committed(topic, partitions)
-        fallback = EARLIEST if default == "earliest" else LATEST
-        return json.dumps({topic: {str(p): committed.get(p, fallback) for p in partitions}}, sort_keys=True)
 
     def commit(self, offsets: dict[str, dict[int, int]]) -> None:
         """Commit next-offsets-to-read (Spark's end offsets) synchronously."""

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import logging
-import os
 import signal
 import sys
 import threading
@@ -15,20 +13,6 @@ from typing import Any
 import yaml
 
 from glasspipe.api.validation import SpecInvalid
-
-
-def connector_jars() -> list[str]:
-    """The Kafka connector jars (GLASSPIPE_SPARK_JARS, else those dev/install/spark-jars.sh cached)."""
-    import pyspark
-
-    if os.environ.get("GLASSPIPE_SPARK_JARS"):
-        return [j for j in os.environ["GLASSPIPE_SPARK_JARS"].split(",") if j]
-    cache = Path(os.environ.get("GLASSPIPE_CACHE", Path.home() / ".cache" / "glasspipe"))
-    jars = sorted(glob.glob(str(cache / "spark-jars" / pyspark.__version__ / "*.jar")))
-    if not jars:
-        raise FileNotFoundError(f"no Kafka connector jars for pyspark {pyspark.__version__} in {cache}/spark-jars: "
-                                "run `bash dev/install/spark-jars.sh` or set GLASSPIPE_SPARK_JARS")
-    return jars
 
 
 def apply_overrides(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
@@ -45,26 +29,10 @@ def apply_overrides(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, 
     return doc
 
 
-def local_session(app_name: str, conf: dict[str, str]) -> Any:
-    from pyspark.sql import SparkSession
-
-    from glasspipe_job.jvm import jvm_ops_jar
-
-    builder = (SparkSession.builder.master(os.environ.get("GLASSPIPE_SPARK_MASTER", "local[2]")).appName(app_name)
-               .config("spark.jars", ",".join([*connector_jars(), jvm_ops_jar()]))
-               .config("spark.ui.enabled", "false")
-               .config("spark.driver.memory", os.environ.get("GLASSPIPE_DRIVER_MEMORY", "2g"))
-               .config("spark.sql.session.timeZone", "UTC"))
-    for k, v in conf.items():
-        builder = builder.config(k, v)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
-    return spark
-
-
 def run_local(args: argparse.Namespace) -> int:
-    from glasspipe_job.config import config_from_resource, load_job_config
-    from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
+    from glasspipe_job.config import UnsupportedPipeline, config_from_resource, load_job_config
+    from glasspipe_job.runner import run_pipeline
+    from glasspipe_job.session import local_session
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

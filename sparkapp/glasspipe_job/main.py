@@ -8,12 +8,11 @@ import signal
 import sys
 import threading
 
-from pyspark.sql import SparkSession
-
 from glasspipe.api.validation import SpecInvalid
 from glasspipe.contract import CONFIG_ARGUMENT
-from glasspipe_job.config import load_job_config
-from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
+from glasspipe_job.config import UnsupportedPipeline, load_job_config
+from glasspipe_job.runner import run_pipeline
+from glasspipe_job.session import local_session, spark_session
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,15 +30,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glasspipe: invalid pipeline spec: {e}", file=sys.stderr)
         return 2
     app_name = f"glasspipe-{config.pipeline}-{config.replica}"
-    if args.local:
-        from glasspipe_job.local import local_session
-
-        spark = local_session(app_name, config.spark_conf)
-    else:
-        builder = SparkSession.builder.appName(app_name)
-        for k, v in config.spark_conf.items():
-            builder = builder.config(k, v)
-        spark = builder.getOrCreate()
+    spark = local_session(app_name, config.spark_conf) if args.local else spark_session(app_name, config.spark_conf)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # driver pod deleted: stop between micro-batches
     try:

@@ -1,4 +1,9 @@
-"""Build and run one replica's streaming query: the job's side effects live here."""
+"""Build and run one replica's streaming query: the job's side effects live here.
+
+``start_pipeline`` goes one way: assign partitions -> open the sink's table -> decide the hand-over and
+the writer id (handover.py) -> build the sink as that writer -> build the stream (transform.py, join.py)
+-> start it with BatchWriter as its ``foreachBatch``.
+"""
 
 from __future__ import annotations
 
@@ -11,29 +16,21 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from glasspipe.api import models
-from glasspipe.api.durations import parse_duration_ms
 from glasspipe_job import handover as ho
-from glasspipe_job.batch_writer import BatchWriter, DeadLetters, select_output
+from glasspipe_job.batch_writer import BatchWriter, DeadLetters
+from glasspipe_job.clickhouse.connection import Connection
+from glasspipe_job.clickhouse.ledger import Ledger
 from glasspipe_job.clickhouse.sink import ClickHouseSink
-from glasspipe_job.config import JobConfig
-from glasspipe_job.kafka_offsets import EARLIEST, LATEST, ConsumerGroup, owned_partitions
+from glasspipe_job.clickhouse.table import ClickHouseTable
+from glasspipe_job.config import JobConfig, UnsupportedPipeline
+from glasspipe_job.join import build_join_stream, join_sides
+from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
-from glasspipe_job.transform import (
-    deduplicate,
-    observe_counts,
-    parse_and_check,
-    read_kafka,
-    with_dead_flag,
-    with_warmup_flag,
-)
+from glasspipe_job.transform import parse_and_check, read_kafka, select_output, source_rows, with_warmup_flag
 
 log = logging.getLogger("glasspipe.job")
 
 PARTITION_CHECK_SECONDS = 30.0
-
-
-class UnsupportedPipeline(Exception):
-    """The spec asks for something this job version cannot run; the message says what."""
 
 
 @dataclass
@@ -74,32 +71,27 @@ def assign_partitions(config: JobConfig) -> list[SourceAssignment]:
     return out
 
 
-def make_sink(config: JobConfig) -> ClickHouseSink:
+def make_table(config: JobConfig) -> ClickHouseTable:
+    """The sink's table as the spec and the rendered Secrets say (nothing talks to the server yet)."""
     spec = config.spec
     ch = spec.sink.clickhouse
     user, password = config.clickhouse_credentials
     dedup_keys = next((list(s.deduplication.keys) for s in spec.sources if s.deduplication), None)
-    return ClickHouseSink(
-        hosts=list(ch.hosts), database=ch.database, table=ch.table, columns=config.columns,
-        writer_id=f"{config.writer_prefix}{config.replica}", max_rows=ch.batching.max_rows, user=user,
-        password=password, secure=ch.secure, ca_file=config.clickhouse_ca_file, create_table=ch.create_table,
-        order_by=ch.order_by or dedup_keys,
-    )
+    connection = Connection(list(ch.hosts), ch.database, user=user, password=password, secure=ch.secure,
+                            ca_file=config.clickhouse_ca_file, insert_block_size=ch.batching.max_rows)
+    return ClickHouseTable(connection, ch.table, config.columns, create_table=ch.create_table,
+                           order_by=ch.order_by or dedup_keys)
 
 
-def prepare_handover(spark: SparkSession, config: JobConfig, sink: ClickHouseSink,
+def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
                      assignments: list[SourceAssignment]) -> ho.Handover:
-    """Resume this replica's checkpoint, or start a new one where the pipeline's ledger left off."""
+    """Resume this replica's checkpoint, or start a new one where the pipeline's ledger left off: gathers
+    the inputs of handover.resumable / handover.new_start and carries out what they decide."""
     files = ho.CheckpointFiles(spark, config.checkpoint_dir)
-    rows = sink.ledger.pipeline_rows(config.writer_prefix)
-    progress = ho.ledger_progress(rows)
-    owned: ho.Offsets = {}
-    for a in assignments:
-        owned.update(a.owned)
-    if files.exists(ho.HANDOVER_FILE):
-        previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE))
-        last_commit = files.latest_committed() or previous.resume
-        if not ho.is_superseded(last_commit, ho.ledger_progress(rows, except_writer=previous.writer_id)):
+    rows = ledger.pipeline_rows(config.writer_prefix)
+    previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE)) if files.exists(ho.HANDOVER_FILE) else None
+    if previous is not None:
+        if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
             return previous
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "
@@ -107,29 +99,30 @@ def prepare_handover(spark: SparkSession, config: JobConfig, sink: ClickHouseSin
     elif files.exists():
         log.warning("checkpoint %s has no hand-over record: set aside as %s", config.checkpoint_dir,
                     files.set_aside())
-    writer_id = ho.new_writer_id(config.writer_prefix, config.replica, config.replicas)
-    for writer, batch, offsets in ho.abandoned_batches(rows, owned, writer_id):
-        log.warning("batch %d of stopped writer %s never finished: rolling it back", batch, writer)
-        sink.ledger.roll_back(writer, batch, offsets)
-    resume: ho.Offsets = {}
-    read_from: ho.Offsets = {}
+    owned: ho.Offsets = {}
+    committed: ho.Offsets = {}
+    fallback: dict[str, int] = {}
     for a in assignments:
         topic = a.source.kafka.topic
-        committed = a.group.committed(topic, a.partitions)
-        fallback = EARLIEST if a.source.kafka.starting_offsets == "earliest" else LATEST
-        resume[topic] = {p: progress.get(topic, {}).get(p, committed.get(p, fallback)) for p in a.partitions}
-        read_from[topic] = dict(resume[topic])
-        windows = [parse_duration_ms(w) for w in (
-            a.source.deduplication.window if a.source.deduplication else None,
-            config.spec.join.window if config.spec.join else None) if w]
-        if windows and any(o > 0 for o in resume[topic].values()):
-            # re-read what the stateful operators must remember: the longest window plus the lateness
-            lookback = max(windows) + parse_duration_ms(a.source.event_time.allowed_lateness)
-            read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: resume[topic]}, lookback))
-    decision = ho.Handover(writer_id, resume, read_from)
+        owned.update(a.owned)
+        committed[topic] = a.group.committed(topic, a.partitions)
+        fallback[topic] = fallback_offset(a.source.kafka.starting_offsets)
+    start = ho.new_start(ho.new_writer_id(config.writer_prefix, config.replica, config.replicas), rows, owned,
+                         committed, fallback)
+    for writer, batch, offsets in start.roll_back:
+        log.warning("batch %d of stopped writer %s never finished: rolling it back", batch, writer)
+        ledger.roll_back(writer, batch, offsets)
+    read_from: ho.Offsets = {t: dict(parts) for t, parts in start.resume.items()}
+    for a in assignments:
+        topic = a.source.kafka.topic
+        lookback = ho.warmup_lookback_ms(a.source, config.spec.join)
+        if lookback is not None and any(o > 0 for o in start.resume[topic].values()):
+            read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: start.resume[topic]},
+                                             lookback))
+    decision = ho.Handover(start.writer_id, start.resume, read_from)
     files.write(ho.HANDOVER_FILE, decision.to_json())
-    log.info("new checkpoint %s as writer %s: resume %s, read from %s", config.checkpoint_dir, writer_id,
-             resume, read_from)
+    log.info("new checkpoint %s as writer %s: resume %s, read from %s", config.checkpoint_dir, start.writer_id,
+             start.resume, read_from)
     return decision
 
 
@@ -142,33 +135,34 @@ def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, d
     return with_warmup_flag(parsed, {topic: decision.warmup_partitions().get(topic, {})})
 
 
-def source_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, decision: ho.Handover) -> DataFrame:
-    """One source's rows after parsing, checks, filter and dedup (dead rows passed through, flagged)."""
-    parsed = observe_counts(parsed_stream(spark, config, a, decision), "input_" + a.source.name)
-    return deduplicate(with_dead_flag(parsed), a.source, dead_letter_late=True)
+def output_stream(spark: SparkSession, config: JobConfig, assignments: list[SourceAssignment],
+                  decision: ho.Handover) -> DataFrame:
+    """Kafka -> parse/check -> per-source rows (transform.source_rows) -> join if any -> output columns.
+
+    For a join, ``assignments`` is sorted into the join's side order first: BatchWriter zips the consumer
+    groups with the offset log, which lists the join's sources left first."""
+    if config.spec.join is None:
+        [a] = assignments
+        return select_output(source_rows(parsed_stream(spark, config, a, decision), a.source), config)
+    order = [s.name for s in join_sides(config)]
+    assignments.sort(key=lambda a: order.index(a.source.name))
+    parsed = {a.source.name: parsed_stream(spark, config, a, decision) for a in assignments}
+    return build_join_stream(config, parsed,
+                             {a.source.name: len(a.group.partitions(a.source.kafka.topic)) for a in assignments})
 
 
 def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = False,
                    metrics: JobMetrics | None = None) -> RunningPipeline:
-    """Start the query of one replica: Kafka -> checks/filter -> dedup -> ClickHouse."""
+    """Start the query of one replica: Kafka -> checks/filter -> dedup (-> join) -> ClickHouse."""
     spec = config.spec
     assignments = assign_partitions(config)
-    sink = make_sink(config)
-    decision = prepare_handover(spark, config, sink, assignments)
-    sink.writer_id = decision.writer_id
+    table = make_table(config)
+    decision = prepare_handover(spark, config, Ledger(table), assignments)
+    sink = ClickHouseSink.on(table, decision.writer_id, spec.sink.clickhouse.batching.max_rows)
     for a in assignments:
         log.info("replica %d/%d reads %s partitions %s", config.replica, config.replicas, a.source.kafka.topic,
                  a.partitions)
-    if spec.join is not None:  # temporal join of two sources (join.py)
-        from glasspipe_job.join import build_join_stream, join_sides
-
-        order = [s.name for s in join_sides(config)]
-        assignments.sort(key=lambda a: order.index(a.source.name))  # BatchWriter zips groups with the offset log
-        out = build_join_stream(config, {a.source.name: parsed_stream(spark, config, a, decision) for a in assignments},
-                                {a.source.name: len(a.group.partitions(a.source.kafka.topic)) for a in assignments})
-    else:
-        [a] = assignments
-        out = select_output(source_stream(spark, config, a, decision), config)
+    out = output_stream(spark, config, assignments, decision)
 
     dl = spec.dead_letter
     dl_conf = config.librdkafka_options(spec.sources[0])

@@ -34,6 +34,7 @@ WARMUP = "_gp_warmup"
 LATE = "_gp_late"
 CORRUPT = "_gp_corrupt"
 META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
+INPUT_OBSERVATION = "input_"  # + source name: per-batch counts of what was read (metrics.JobMetrics.on_progress)
 
 _SPARK_TYPES: dict[str, T.DataType] = {
     "string": T.StringType(), "int": T.IntegerType(), "long": T.LongType(), "float": T.FloatType(),
@@ -215,3 +216,25 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
 
 def with_dead_flag(df: DataFrame) -> DataFrame:
     return df.withColumn("_gp_dead", F.col(STATUS) == "dead")
+
+
+def source_rows(parsed: DataFrame, source: models.Source, *, before_join: bool = False) -> DataFrame:
+    """One source's rows after ``parse_and_check``: counted (``observe``), filtered, deduplicated.
+
+    Alone (single-topic path) dead rows pass through flagged and late rows become dead rows; before a
+    join, dead rows are left out (join.py routes them round the join) and late rows are left to the
+    join's own watermark handling.
+    """
+    rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
+    if before_join:
+        rows = rows.where(F.col(STATUS) == "ok")
+    return deduplicate(with_dead_flag(rows), source, dead_letter_late=not before_join)
+
+
+def select_output(df: DataFrame, config: JobConfig) -> DataFrame:
+    """Output columns cast to the Spark type of their ClickHouse column, plus what the writer needs."""
+    from glasspipe_job.spark_types import spark_type_for_clickhouse
+
+    # try_cast: with ANSI SQL (Spark 4 default) a bad cast would fail the query; NULL goes to the DLQ instead.
+    cols = [F.expr(c.sql).try_cast(spark_type_for_clickhouse(c.clickhouse_type)).alias(c.name) for c in config.columns]
+    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP)

@@ -6,6 +6,7 @@ import pytest
 
 from glasspipe_dev.clickhouse import parse_version
 from glasspipe_dev.clickhouse_features import FEATURES, features_for
+from glasspipe_job.clickhouse.errors import SinkError
 
 pytestmark = pytest.mark.unit
 
@@ -79,5 +80,5 @@ def test_every_feature_has_a_fallback() -> None:
 )
 def test_parse_version(text: str, expected: tuple[int, ...]) -> None:
     assert parse_version(text) == expected
-    with pytest.raises(ValueError):
+    with pytest.raises(SinkError, match="cannot parse"):
         parse_version("unknown")

@@ -46,10 +46,10 @@ def rendered() -> tuple[dict[str, str], Any]:
 
 
 def test_the_rendered_clickhouse_ca_reaches_the_sink() -> None:
-    from glasspipe_job.runner import make_sink
+    from glasspipe_job.runner import make_table
 
     files, config = rendered()
-    connection = make_sink(config).table.connection
+    connection = make_table(config).connection  # the sink writes through its table's connection
     assert connection.secure is True
     assert connection.ca_file == files["ch-ca"] == "/etc/glasspipe/ca/clickhouse-ca/ca.crt"
 

@@ -1,9 +1,26 @@
-"""The pure part of the rescale hand-over: what the ledger says about progress and abandoned batches."""
+"""The pure part of the rescale hand-over: what the ledger says, and what a starting replica decides from it."""
+
+from pathlib import Path
 
 import pytest
+import yaml
 
-from glasspipe_job.handover import Handover, abandoned_batches, is_superseded, ledger_progress
-from glasspipe_job.kafka_offsets import owned_partitions
+from glasspipe.api.durations import parse_duration_ms
+from glasspipe.api.validation import validate_resource
+from glasspipe_job.handover import (
+    Handover,
+    abandoned_batches,
+    is_superseded,
+    ledger_progress,
+    merge_offsets,
+    new_start,
+    parse_offset_log,
+    resumable,
+    warmup_lookback_ms,
+)
+from glasspipe_job.kafka_offsets import EARLIEST, owned_partitions
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.unit
 
@@ -61,3 +78,37 @@ def test_ownership_is_disjoint_and_covering(n: int) -> None:
     parts = list(range(12))
     owned = [owned_partitions(parts, i, n) for i in range(n)]
     assert sorted(p for o in owned for p in o) == parts
+
+
+def test_a_checkpoint_is_resumed_only_with_its_record_and_while_not_overtaken() -> None:
+    previous = Handover("ns.p.0of1-a", {"t": {0: 30, 1: 12}}, {"t": {0: 30, 1: 12}})
+    assert resumable(previous, {"t": {0: 30, 1: 12}}, LEDGER)
+    assert not resumable(previous, {"t": {0: 10}}, LEDGER)  # another layout wrote partition 0 since
+    assert resumable(previous, None, LEDGER)  # no batch committed yet: where it resumed counts
+    assert not resumable(None, {"t": {0: 30}}, LEDGER)  # a checkpoint without a hand-over record
+
+
+def test_a_new_start_rolls_back_abandoned_batches_and_resumes_ledger_then_group_then_fallback() -> None:
+    start = new_start("ns.p.1of2-new", LEDGER, {"t": {1: 0, 3: 0, 5: 0}}, {"t": {3: 7, 1: 2}}, {"t": EARLIEST})
+    assert start.writer_id == "ns.p.1of2-new"
+    assert start.roll_back == [("ns.p.0of1-a", 1, '[{"t":{"0":20,"1":25}}]')]
+    assert start.resume == {"t": {1: 12, 3: 7, 5: EARLIEST}}
+
+
+def test_warm_up_reaches_back_the_longest_window_plus_the_lateness() -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "dedup-then-join.yaml").read_text())
+    spec, _ = validate_resource(doc)
+    orders = spec.source("orders")
+    assert orders.deduplication is not None and spec.join is not None
+    lateness = parse_duration_ms(orders.event_time.allowed_lateness)
+    longest = max(parse_duration_ms(orders.deduplication.window), parse_duration_ms(spec.join.window))
+    assert warmup_lookback_ms(orders, spec.join) == longest + lateness
+    plain = orders.model_copy(update={"deduplication": None})
+    assert warmup_lookback_ms(plain, None) is None
+
+
+def test_the_offset_log_keeps_one_entry_per_source_in_order() -> None:
+    text = 'v1\n{"batchWatermarkMs":0}\n{"orders":{"0":5,"1":7}}\n-\n{"users":{"0":3}}\n'
+    entries = parse_offset_log(text)
+    assert entries == [{"orders": {"0": 5, "1": 7}}, {}, {"users": {"0": 3}}]
+    assert merge_offsets(entries) == {"orders": {0: 5, 1: 7}, "users": {0: 3}}

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from glasspipe_job.config import JobConfig, config_from_resource, load_job_config
+from glasspipe_job.config import JobConfig, UnsupportedPipeline, config_from_resource, load_job_config
 from glasspipe_job.join import check_runnable, join_sides
-from glasspipe_job.runner import UnsupportedPipeline
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit

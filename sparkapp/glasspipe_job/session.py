@@ -1,0 +1,53 @@
+"""The job's SparkSession: one builder for spark-submit (the master comes from it), local runs and tests."""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+
+def spark_session(app_name: str, conf: Mapping[str, str], master: str | None = None,
+                  quiet: bool = False) -> SparkSession:
+    """getOrCreate with ``conf``; ``quiet`` sets Spark's log level to WARN (local runs)."""
+    builder = SparkSession.builder.appName(app_name)
+    if master is not None:
+        builder = builder.master(master)
+    for k, v in conf.items():
+        builder = builder.config(k, v)
+    spark = builder.getOrCreate()
+    if quiet:
+        spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+def connector_jars() -> list[str]:
+    """The Kafka connector jars (GLASSPIPE_SPARK_JARS, else those dev/install/spark-jars.sh cached)."""
+    import pyspark
+
+    if os.environ.get("GLASSPIPE_SPARK_JARS"):
+        return [j for j in os.environ["GLASSPIPE_SPARK_JARS"].split(",") if j]
+    cache = Path(os.environ.get("GLASSPIPE_CACHE", Path.home() / ".cache" / "glasspipe"))
+    jars = sorted(glob.glob(str(cache / "spark-jars" / pyspark.__version__ / "*.jar")))
+    if not jars:
+        raise FileNotFoundError(f"no Kafka connector jars for pyspark {pyspark.__version__} in {cache}/spark-jars: "
+                                "run `bash dev/install/spark-jars.sh` or set GLASSPIPE_SPARK_JARS")
+    return jars
+
+
+def local_session(app_name: str, conf: Mapping[str, str]) -> SparkSession:
+    """Local Spark (GLASSPIPE_SPARK_MASTER, default local[2]) with the Kafka connector and the JVM operators
+    on the classpath: ``glasspipe run`` and ``main.py --local`` (the e2e spark-operator stand-in)."""
+    from glasspipe_job.jvm import jvm_ops_jar
+
+    local = {
+        "spark.jars": ",".join([*connector_jars(), jvm_ops_jar()]),
+        "spark.ui.enabled": "false",
+        "spark.driver.memory": os.environ.get("GLASSPIPE_DRIVER_MEMORY", "2g"),
+        "spark.sql.session.timeZone": "UTC",
+    }
+    return spark_session(app_name, {**local, **conf}, master=os.environ.get("GLASSPIPE_SPARK_MASTER", "local[2]"),
+                         quiet=True)
