@@ -94,11 +94,12 @@ def _batch_offsets(offsets_json: str) -> Offsets:
     return merge_offsets(loaded if isinstance(loaded, list) else [loaded])
 
 
-def ledger_progress(rows: Sequence[tuple[str, int, str, str]]) -> Offsets:
-    """Per partition, the furthest end offset of any batch that is done (written completely)."""
+def ledger_progress(rows: Sequence[tuple[str, int, str, str]], except_writer: str | None = None) -> Offsets:
+    """Per partition, the furthest end offset of any batch that is done (written completely), by any
+    writer or by every writer but ``except_writer``."""
     out: Offsets = {}
-    for _writer, _batch, state, offsets in rows:
-        if state != DONE:
+    for writer, _batch, state, offsets in rows:
+        if state != DONE or writer == except_writer:
             continue
         for topic, parts in _batch_offsets(offsets).items():
             for p, off in parts.items():
@@ -126,19 +127,29 @@ def abandoned_batches(rows: Sequence[tuple[str, int, str, str]], owned: Offsets,
     return out
 
 
-def is_superseded(planned: Offsets, progress: Offsets) -> bool:
-    """True when the ledger has gone past what this checkpoint planned on one of its partitions."""
-    return any(progress.get(t, {}).get(p, -1) > off for t, parts in planned.items() for p, off in parts.items())
+def is_superseded(committed: Offsets, others: Offsets) -> bool:
+    """True when another writer has written past this checkpoint's last committed batch on one of its
+    partitions (``others``: ``ledger_progress`` without this checkpoint's writer).
+
+    Compared with what the checkpoint *committed*, not what it planned: a batch planned but not
+    committed would be replayed in full on resume, and another layout may have written exactly those
+    records meanwhile (the planned end equals the other layout's progress then). This writer's own
+    done batches beyond its commit (a crash between the ledger and Spark's commit) are replays the
+    sink recognises, so they never make a checkpoint superseded.
+    """
+    return any(others.get(t, {}).get(p, -1) > off for t, parts in committed.items() for p, off in parts.items())
 
 
 # ------------------------------------------------------------------------------------- the decision
 
 
-def resumable(previous: Handover | None, planned: Offsets | None, progress: Offsets) -> bool:
-    """Resume a checkpoint? Only with its hand-over record (``previous``), and only while no other replica
-    layout has written its partitions since: the ledger's ``progress`` is not past what the checkpoint
-    ``planned`` (its newest offset-log entry, else where it resumed)."""
-    return previous is not None and not is_superseded(planned or previous.resume, progress)
+def resumable(previous: Handover | None, committed: Offsets | None, rows: Sequence[tuple[str, int, str, str]]) -> bool:
+    """Resume a checkpoint? Only with its hand-over record (``previous``), and only while no other writer
+    has written its partitions past what the checkpoint ``committed`` (its newest commit-log entry, else
+    where it resumed): see ``is_superseded``."""
+    if previous is None:
+        return False
+    return not is_superseded(committed or previous.resume, ledger_progress(rows, except_writer=previous.writer_id))
 
 
 def new_writer_id(prefix: str, replica: int, replicas: int) -> str:
@@ -218,16 +229,20 @@ class CheckpointFiles:
         finally:
             out.close()
 
-    def latest_planned(self) -> Offsets | None:
-        """End offsets of the newest batch in Spark's offset log (one dict merged over sources)."""
-        path = self._path("offsets")
+    def _batch_ids(self, folder: str) -> list[int]:
+        path = self._path(folder)
         fs = self._fs(path)
         if not fs.exists(path):
+            return []
+        return [int(s.getPath().getName()) for s in fs.listStatus(path) if s.getPath().getName().isdigit()]
+
+    def latest_committed(self) -> Offsets | None:
+        """End offsets of the newest batch Spark committed (commit log), from its offset log entry; None
+        before the first commit."""
+        committed = self._batch_ids("commits")
+        if not committed:
             return None
-        batches = [int(s.getPath().getName()) for s in fs.listStatus(path) if s.getPath().getName().isdigit()]
-        if not batches:
-            return None
-        return merge_offsets(self.offset_log(max(batches)))
+        return merge_offsets(self.offset_log(max(committed)))
 
     def offset_log(self, batch_id: int) -> list[dict[str, dict[str, int]]]:
         """End offsets of a batch, one dict per source, from Spark's write-ahead offset log."""

@@ -91,7 +91,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     rows = ledger.pipeline_rows(config.writer_prefix)
     previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE)) if files.exists(ho.HANDOVER_FILE) else None
     if previous is not None:
-        if ho.resumable(previous, files.latest_planned(), ho.ledger_progress(rows)):
+        if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
             return previous
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "

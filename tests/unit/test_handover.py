@@ -52,6 +52,21 @@ def test_a_checkpoint_overtaken_by_another_layout_is_superseded() -> None:
     assert not is_superseded({"t": {7: 0}}, {"t": {0: 30}})  # a partition nobody else wrote
 
 
+def test_an_uncommitted_batch_that_another_layout_wrote_makes_the_checkpoint_superseded() -> None:
+    """Issue #14: writer a planned batch 0 to offset 100 and died; b wrote 0..100; a must not replay it."""
+    rows = [("ns.p.0of1-a", 0, "pending", '[{"t":{"0":100}}]'), ("ns.p.0of1-a", 0, "rolledback", '[{"t":{"0":100}}]'),
+            ("ns.p.0of3-b", 0, "done", '[{"t":{"0":100}}]')]
+    committed = {"t": {0: 0}}  # nothing committed: where writer a started
+    assert is_superseded(committed, ledger_progress(rows, except_writer="ns.p.0of1-a"))
+
+
+def test_own_done_batches_beyond_the_commit_do_not_supersede() -> None:
+    """A crash after the ledger's done row, before Spark's commit: the replay is recognised by the sink."""
+    rows = [("ns.p.0of1-a", 4, "done", '[{"t":{"0":80}}]'), ("ns.p.0of1-a", 5, "done", '[{"t":{"0":100}}]')]
+    assert not is_superseded({"t": {0: 80}}, ledger_progress(rows, except_writer="ns.p.0of1-a"))
+    assert ledger_progress(rows) == {"t": {0: 100}}
+
+
 def test_handover_round_trips_and_names_warmup_partitions() -> None:
     h = Handover("ns.p.0of2-b", {"t": {0: 30, 2: 5}}, {"t": {0: 12, 2: 5}})
     assert Handover.from_json(h.to_json()) == h
@@ -66,12 +81,11 @@ def test_ownership_is_disjoint_and_covering(n: int) -> None:
 
 
 def test_a_checkpoint_is_resumed_only_with_its_record_and_while_not_overtaken() -> None:
-    progress = ledger_progress(LEDGER)  # t: 0 -> 30, 1 -> 12
     previous = Handover("ns.p.0of1-a", {"t": {0: 30, 1: 12}}, {"t": {0: 30, 1: 12}})
-    assert resumable(previous, {"t": {0: 30, 1: 12}}, progress)
-    assert not resumable(previous, {"t": {0: 10}}, progress)  # another layout wrote partition 0 since
-    assert resumable(previous, None, progress)  # no batch planned yet: where it resumed counts
-    assert not resumable(None, {"t": {0: 30}}, progress)  # a checkpoint without a hand-over record
+    assert resumable(previous, {"t": {0: 30, 1: 12}}, LEDGER)
+    assert not resumable(previous, {"t": {0: 10}}, LEDGER)  # another layout wrote partition 0 since
+    assert resumable(previous, None, LEDGER)  # no batch committed yet: where it resumed counts
+    assert not resumable(None, {"t": {0: 30}}, LEDGER)  # a checkpoint without a hand-over record
 
 
 def test_a_new_start_rolls_back_abandoned_batches_and_resumes_ledger_then_group_then_fallback() -> None:

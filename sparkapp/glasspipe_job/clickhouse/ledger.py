@@ -28,6 +28,9 @@ from glasspipe_job.clickhouse.table import ClickHouseTable
 log = logging.getLogger(__name__)
 
 PENDING, DONE, ROLLED_BACK = "pending", "done", "rolledback"
+# What follows a pipeline's writer prefix ("<namespace>.<pipeline>."): the replica ("0", before the
+# hand-over decides) or "<replica>of<replicas>-<hex>" (handover.new_writer_id).
+WRITER_SUFFIX_PATTERN = "^[0-9]+(of[0-9]+-[0-9a-f]+)?$"
 
 
 class LedgerRow(NamedTuple):
@@ -107,14 +110,15 @@ class Ledger:
         return result
 
     def pipeline_rows(self, writer_prefix: str) -> list[LedgerRow]:
-        """Every ledger row of the writers whose id starts with the prefix (one pipeline's writers)."""
+        """Every ledger row of one pipeline's writers: the prefix followed by a replica suffix only, so
+        that pipeline ``orders`` never reads the rows of ``orders.v2``."""
         self.table.open()
 
         def q(_attempt: int) -> list[LedgerRow]:
             rows = self._client.execute(
                 f"SELECT writer, batch_id, state, offsets FROM {self.table.ledger_table} "
-                "WHERE substring(writer, 1, %(n)s) = %(p)s",
-                {"n": len(writer_prefix.encode()), "p": writer_prefix},
+                "WHERE substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)",
+                {"n": len(writer_prefix.encode()), "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN},
             )
             return [LedgerRow(str(w), int(b), str(st), str(o)) for w, b, st, o in rows]
 
