@@ -14,14 +14,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from glasspipe.controller.spark_operator import FAILED_STATES, RUNNING, app_error_message, app_state
+
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
-
-# spark-operator's status.applicationState.state values, grouped by what they mean for a stream.
-RUNNING = "RUNNING"
-FAILED_STATES = frozenset({"FAILED", "SUBMISSION_FAILED", "FAILING"})
-# A stopped driver: a stale application in one of these states no longer processes records.
-TERMINAL_STATES = frozenset({"COMPLETED", "FAILED", "SUBMISSION_FAILED"})
 
 # Reasons (CamelCase, as metav1.Condition requires).
 REASON_RECONCILING = "Reconciling"
@@ -136,12 +132,11 @@ class ObservedApp:
 
 def observe_app(obj: dict[str, Any], index: int, current: bool) -> ObservedApp:
     """Read the parts of a SparkApplication's status that matter to us."""
-    status = obj.get("status") or {}
     return ObservedApp(
         name=obj["metadata"]["name"],
         index=index,
-        state=str((status.get("applicationState") or {}).get("state") or ""),
-        error_message=str((status.get("applicationState") or {}).get("errorMessage") or ""),
+        state=app_state(obj),
+        error_message=app_error_message(obj),
         current=current,
         deleting=bool(obj["metadata"].get("deletionTimestamp")),
     )

@@ -16,11 +16,9 @@ from typing import Any
 
 from glasspipe import contract
 from glasspipe.api import models
+from glasspipe.controller import spark_operator
 
-SPARK_API_VERSION = "sparkoperator.k8s.io/v1beta2"
-SPARK_KIND = "SparkApplication"
-SPARK_PLURAL = "sparkapplications"
-SPARK_VERSION = "4.2.0"
+SPARK_VERSION = "4.2.0"  # the Spark of the job image (spec.sparkVersion)
 PIPELINE_LABEL = "glasspipe.io/pipeline"
 REPLICA_LABEL = "glasspipe.io/replica"
 SPEC_HASH_ANNOTATION = "glasspipe.io/spec-hash"
@@ -126,8 +124,8 @@ def render_spark_application(
         },
     }
     return {
-        "apiVersion": SPARK_API_VERSION,
-        "kind": SPARK_KIND,
+        "apiVersion": spark_operator.API_VERSION,
+        "kind": spark_operator.KIND,
         "metadata": {
             "name": name,
             "namespace": namespace,

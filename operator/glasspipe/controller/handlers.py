@@ -16,8 +16,9 @@ import kopf
 from kubernetes import client, config
 
 from glasspipe.api import models
-from glasspipe.controller.reconcile import SPARK_GROUP, SPARK_VERSION, Reconciler
-from glasspipe.render import PIPELINE_LABEL, SPARK_PLURAL
+from glasspipe.controller import spark_operator
+from glasspipe.controller.reconcile import Reconciler
+from glasspipe.render import PIPELINE_LABEL
 
 FINALIZER = "glasspipe.io/finalizer"
 ANNOTATION_PREFIX = "glasspipe.io"
@@ -94,7 +95,8 @@ def periodic(*, namespace: str | None, name: str, **_: Any) -> None:
     reconciler().trigger(namespace or "", name)
 
 
-@kopf.on.event(SPARK_GROUP, SPARK_VERSION, SPARK_PLURAL, labels={PIPELINE_LABEL: kopf.PRESENT})
+@kopf.on.event(spark_operator.GROUP, spark_operator.VERSION, spark_operator.PLURAL,
+               labels={PIPELINE_LABEL: kopf.PRESENT})
 def on_application_event(*, body: kopf.Body, namespace: str | None, **_: Any) -> None:
     """A SparkApplication changed (spark-operator wrote its state, or it went away): re-check its owner."""
     for ref in body.metadata.get("ownerReferences") or []:

@@ -14,16 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from glasspipe.conditions import TERMINAL_STATES
+from glasspipe.controller.spark_operator import TERMINAL_STATES, app_state
 from glasspipe.render import REPLICA_LABEL, SPEC_HASH_ANNOTATION
 
 
 def spec_hash_of(obj: dict[str, Any]) -> str | None:
     return ((obj.get("metadata") or {}).get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-
-
-def app_state(obj: dict[str, Any]) -> str:
-    return str(((obj.get("status") or {}).get("applicationState") or {}).get("state") or "")
 
 
 def replica_index(obj: dict[str, Any]) -> int:

@@ -26,11 +26,13 @@ from glasspipe.api import models
 from glasspipe.api.validation import SpecInvalid, validate_spec
 from glasspipe.controller import metrics
 from glasspipe.controller.plan import Plan, holds, lingering_drivers, plan_children, replica_index
-from glasspipe.render import PIPELINE_LABEL, SPARK_API_VERSION, SPARK_PLURAL, render_selector, render_spark_applications
+from glasspipe.controller.spark_operator import DRIVER_POD_LABEL
+from glasspipe.controller.spark_operator import GROUP as SPARK_GROUP
+from glasspipe.controller.spark_operator import PLURAL as SPARK_PLURAL
+from glasspipe.controller.spark_operator import VERSION as SPARK_VERSION
+from glasspipe.render import PIPELINE_LABEL, render_selector, render_spark_applications
 
 log = logging.getLogger("glasspipe.controller")
-
-SPARK_GROUP, SPARK_VERSION = SPARK_API_VERSION.split("/")
 
 # post_event(pipeline_body, type, reason, message): kopf.event in the operator, a list in tests.
 EventPoster = Callable[[dict[str, Any], str, str, str], None]
@@ -42,7 +44,7 @@ def _owned_by(obj: dict[str, Any], uid: str) -> bool:
 
 def driver_pod_selector(pipeline: str) -> str:
     """Driver pods of a pipeline: spark-operator labels them spark-role=driver and copies our labels."""
-    return f"{PIPELINE_LABEL}={pipeline},spark-role=driver"
+    return f"{PIPELINE_LABEL}={pipeline},{DRIVER_POD_LABEL}"
 
 
 def _api_error(e: ApiException) -> str:
