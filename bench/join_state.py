@@ -104,7 +104,7 @@ def main() -> None:
     from glasspipe_job.config import config_from_resource, load_job_config
     from glasspipe_job.local import local_session
     from glasspipe_job.metrics import offsets_behind
-    from glasspipe_job.runner import session_conf, start_pipeline
+    from glasspipe_job.runner import start_pipeline
 
     tmp = Path(tempfile.mkdtemp(prefix="gp-bench-join-"))
     with KafkaServer() as kafka, ClickHouseServer() as ch:
@@ -127,7 +127,7 @@ def main() -> None:
         spec["checkpoint"]["location"] = (tmp / "ckpt").as_uri()
         spec.setdefault("spark", {}).setdefault("conf", {}).update(kv.split("=", 1) for kv in args.conf)
         config = load_job_config(config_from_resource(doc))
-        spark = local_session("glasspipe-bench-join", session_conf(config))
+        spark = local_session("glasspipe-bench-join", config.spark_conf)
         running = start_pipeline(spark, config)
         produced = mp.Value("q", 0)
         gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced))

@@ -469,6 +469,11 @@ def choose_mechanism(
 # ------------------------------------------------------------------------------------ the sink
 
 
+# What follows a pipeline's writer prefix ("<namespace>.<pipeline>."): the replica ("0", before the
+# hand-over decides) or "<replica>of<replicas>-<hex>" (handover.new_writer_id).
+WRITER_SUFFIX_PATTERN = "^[0-9]+(of[0-9]+-[0-9a-f]+)?$"
+
+
 class ClickHouseSink:
     """Writes micro-batches into one ClickHouse table, each (writer_id, batch_id) exactly once."""
 
@@ -810,14 +815,15 @@ class ClickHouseSink:
     # -- hand-over between generations of writers (rescaling; see handover.py)
 
     def pipeline_ledger(self, writer_prefix: str) -> list[tuple[str, int, str, str]]:
-        """(writer, batch_id, state, offsets) of every ledger row of the writers starting with the prefix."""
+        """(writer, batch_id, state, offsets) of every ledger row of the pipeline's writers: the prefix
+        followed by a replica suffix only, so that pipeline ``orders`` never reads ``orders.v2``'s rows."""
         self.open()
 
         def q(_attempt: int) -> list[tuple[str, int, str, str]]:
             rows = self.client.execute(
                 f"SELECT writer, batch_id, state, offsets FROM {self.ledger_table} "
-                "WHERE substring(writer, 1, %(n)s) = %(p)s",
-                {"n": len(writer_prefix.encode()), "p": writer_prefix},
+                "WHERE substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)",
+                {"n": len(writer_prefix.encode()), "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN},
             )
             return [(str(w), int(b), str(st), str(o)) for w, b, st, o in rows]
 

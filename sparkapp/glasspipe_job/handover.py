@@ -81,11 +81,12 @@ def _batch_offsets(offsets_json: str) -> Offsets:
     return out
 
 
-def ledger_progress(rows: list[tuple[str, int, str, str]]) -> Offsets:
-    """Per partition, the furthest end offset of any batch that is done (written completely)."""
+def ledger_progress(rows: list[tuple[str, int, str, str]], except_writer: str | None = None) -> Offsets:
+    """Per partition, the furthest end offset of any batch that is done (written completely), by any
+    writer or by every writer but ``except_writer``."""
     out: Offsets = {}
-    for _writer, _batch, state, offsets in rows:
-        if state != "done":
+    for writer, _batch, state, offsets in rows:
+        if state != "done" or writer == except_writer:
             continue
         for topic, parts in _batch_offsets(offsets).items():
             for p, off in parts.items():
@@ -113,9 +114,17 @@ def abandoned_batches(rows: list[tuple[str, int, str, str]], owned: Offsets,
     return out
 
 
-def is_superseded(planned: Offsets, progress: Offsets) -> bool:
-    """True when the ledger has gone past what this checkpoint planned on one of its partitions."""
-    return any(progress.get(t, {}).get(p, -1) > off for t, parts in planned.items() for p, off in parts.items())
+def is_superseded(committed: Offsets, others: Offsets) -> bool:
+    """True when another writer has written past this checkpoint's last committed batch on one of its
+    partitions (``others``: ``ledger_progress`` without this checkpoint's writer).
+
+    Compared with what the checkpoint *committed*, not what it planned: a batch planned but not
+    committed would be replayed in full on resume, and another layout may have written exactly those
+    records meanwhile (the planned end equals the other layout's progress then). This writer's own
+    done batches beyond its commit (a crash between the ledger and Spark's commit) are replays the
+    sink recognises, so they never make a checkpoint superseded.
+    """
+    return any(others.get(t, {}).get(p, -1) > off for t, parts in committed.items() for p, off in parts.items())
 
 
 # ------------------------------------------------------------------------------- checkpoint files
@@ -155,16 +164,20 @@ class CheckpointFiles:
         finally:
             out.close()
 
-    def latest_planned(self) -> Offsets | None:
-        """End offsets of the newest batch in Spark's offset log (one dict merged over sources)."""
-        path = self._path("offsets")
+    def _batch_ids(self, folder: str) -> list[int]:
+        path = self._path(folder)
         fs = self._fs(path)
         if not fs.exists(path):
+            return []
+        return [int(s.getPath().getName()) for s in fs.listStatus(path) if s.getPath().getName().isdigit()]
+
+    def latest_committed(self) -> Offsets | None:
+        """End offsets of the newest batch Spark committed (commit log), from its offset log entry; None
+        before the first commit."""
+        committed = self._batch_ids("commits")
+        if not committed:
             return None
-        batches = [int(s.getPath().getName()) for s in fs.listStatus(path) if s.getPath().getName().isdigit()]
-        if not batches:
-            return None
-        lines = self.read(f"offsets/{max(batches)}").splitlines()[2:]
+        lines = self.read(f"offsets/{max(committed)}").splitlines()[2:]
         return _batch_offsets(json.dumps([json.loads(line) for line in lines if line and line != "-"]))
 
     def set_aside(self) -> str:

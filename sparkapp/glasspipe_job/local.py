@@ -64,7 +64,7 @@ def local_session(app_name: str, conf: dict[str, str]) -> Any:
 
 def run_local(args: argparse.Namespace) -> int:
     from glasspipe_job.config import config_from_resource, load_job_config
-    from glasspipe_job.runner import UnsupportedPipeline, run_pipeline, session_conf
+    from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -76,7 +76,7 @@ def run_local(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         print(f"{args.file}: cannot read a GlassPipeline from it: {e}", file=sys.stderr)
         return 2
-    spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", session_conf(config))
+    spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", config.spark_conf)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
     try:

@@ -11,13 +11,15 @@ import threading
 from pyspark.sql import SparkSession
 
 from glasspipe.api.validation import SpecInvalid
+from glasspipe.contract import CONFIG_ARGUMENT
 from glasspipe_job.config import load_job_config
-from glasspipe_job.runner import UnsupportedPipeline, run_pipeline, session_conf
+from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glasspipe-job")
-    parser.add_argument("--config-json", required=True, help="rendered by the operator (glasspipe.render)")
+    parser.add_argument(CONFIG_ARGUMENT, dest="config_json", required=True,
+                        help="the job config the operator renders (glasspipe.contract)")
     parser.add_argument("--metrics-port", type=int, default=9108)
     parser.add_argument("--local", action="store_true",
                         help="local Spark with the cached connector + JVM ops jars (e2e/spark_operator_standin.py)")
@@ -32,10 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.local:
         from glasspipe_job.local import local_session
 
-        spark = local_session(app_name, session_conf(config))
+        spark = local_session(app_name, config.spark_conf)
     else:
         builder = SparkSession.builder.appName(app_name)
-        for k, v in session_conf(config).items():
+        for k, v in config.spark_conf.items():
             builder = builder.config(k, v)
         spark = builder.getOrCreate()
     stop = threading.Event()

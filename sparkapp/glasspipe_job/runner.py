@@ -29,12 +29,6 @@ from glasspipe_job.transform import (
 
 log = logging.getLogger("glasspipe.job")
 
-# Spark settings the job relies on; the SparkApplication render sets the same (glasspipe.render).
-REQUIRED_SPARK_CONF = {
-    "spark.sql.streaming.stateStore.providerClass":
-        "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-    "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-}
 PARTITION_CHECK_SECONDS = 30.0
 
 
@@ -88,7 +82,7 @@ def make_sink(config: JobConfig) -> ClickHouseSink:
     return ClickHouseSink(
         hosts=list(ch.hosts), database=ch.database, table=ch.table, columns=config.columns,
         writer_id=f"{config.writer_prefix}{config.replica}", max_rows=ch.batching.max_rows, user=user,
-        password=password, secure=ch.secure, ca_file=None, create_table=ch.create_table,
+        password=password, secure=ch.secure, ca_file=config.clickhouse_ca_file, create_table=ch.create_table,
         order_by=ch.order_by or dedup_keys,
     )
 
@@ -104,8 +98,8 @@ def prepare_handover(spark: SparkSession, config: JobConfig, sink: ClickHouseSin
         owned.update(a.owned)
     if files.exists(ho.HANDOVER_FILE):
         previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE))
-        planned = files.latest_planned() or previous.resume
-        if not ho.is_superseded(planned, progress):
+        last_commit = files.latest_committed() or previous.resume
+        if not ho.is_superseded(last_commit, ho.ledger_progress(rows, except_writer=previous.writer_id)):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
             return previous
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "
@@ -224,10 +218,3 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
                 return metrics
         finally:
             running.close()
-
-
-def session_conf(config: JobConfig) -> dict[str, str]:
-    conf = dict(REQUIRED_SPARK_CONF)
-    conf["spark.sql.shuffle.partitions"] = str(config.spec.spark.shuffle_partitions)
-    conf.update(config.spec.spark.conf)
-    return conf

@@ -191,6 +191,19 @@ def test_successor_rolls_back_the_batch_a_stopped_writer_never_finished(clickhou
     assert stats(clickhouse, table) == (850, 850)
 
 
+def test_a_pipeline_never_reads_the_ledger_of_a_pipeline_whose_name_extends_its_own(
+    clickhouse: ClickHouseServer,
+) -> None:
+    """Issue #14: pipeline `orders` (prefix `default.orders.`) read the rows of `orders.v2`."""
+    table = new_table()
+    with sink_for(clickhouse, table, writer_id="default.orders.v2.0of1-cccc") as v2:
+        v2.write_batch(0, rows(0, 10), '[{"t":{"0":10}}]')
+    with sink_for(clickhouse, table, writer_id="default.orders.0of1-dddd") as orders:
+        orders.write_batch(0, rows(10, 15), '[{"t":{"0":5}}]')
+        assert {w for w, *_ in orders.pipeline_ledger("default.orders.")} == {"default.orders.0of1-dddd"}
+        assert {w for w, *_ in orders.pipeline_ledger("default.orders.v2.")} == {"default.orders.v2.0of1-cccc"}
+
+
 def test_sigkilled_writer_then_replay_is_exactly_once(clickhouse: ClickHouseServer) -> None:
     """A real crash: the process running write_batch is SIGKILLed at several points of a 10-chunk batch."""
     table = new_table()

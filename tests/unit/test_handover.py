@@ -35,6 +35,21 @@ def test_a_checkpoint_overtaken_by_another_layout_is_superseded() -> None:
     assert not is_superseded({"t": {7: 0}}, {"t": {0: 30}})  # a partition nobody else wrote
 
 
+def test_an_uncommitted_batch_that_another_layout_wrote_makes_the_checkpoint_superseded() -> None:
+    """Issue #14: writer a planned batch 0 to offset 100 and died; b wrote 0..100; a must not replay it."""
+    rows = [("ns.p.0of1-a", 0, "pending", '[{"t":{"0":100}}]'), ("ns.p.0of1-a", 0, "rolledback", '[{"t":{"0":100}}]'),
+            ("ns.p.0of3-b", 0, "done", '[{"t":{"0":100}}]')]
+    committed = {"t": {0: 0}}  # nothing committed: where writer a started
+    assert is_superseded(committed, ledger_progress(rows, except_writer="ns.p.0of1-a"))
+
+
+def test_own_done_batches_beyond_the_commit_do_not_supersede() -> None:
+    """A crash after the ledger's done row, before Spark's commit: the replay is recognised by the sink."""
+    rows = [("ns.p.0of1-a", 4, "done", '[{"t":{"0":80}}]'), ("ns.p.0of1-a", 5, "done", '[{"t":{"0":100}}]')]
+    assert not is_superseded({"t": {0: 80}}, ledger_progress(rows, except_writer="ns.p.0of1-a"))
+    assert ledger_progress(rows) == {"t": {0: 100}}
+
+
 def test_handover_round_trips_and_names_warmup_partitions() -> None:
     h = Handover("ns.p.0of2-b", {"t": {0: 30, 2: 5}}, {"t": {0: 12, 2: 5}})
     assert Handover.from_json(h.to_json()) == h
