@@ -14,4 +14,5 @@ if [ "${GLASSPIPE_SKIP_KUBE:-0}" != "1" ]; then
   gp_timed bash dev/install/monitoring-crds.sh
   gp_timed bash dev/install/spark-operator-crd.sh
 fi
+[ "${GLASSPIPE_SKIP_IMAGES:-0}" = "1" ] || gp_timed bash dev/install/images.sh  # podman: operator + Spark images
 gp_log "set-up done in $(( $(date +%s) - start )) s"

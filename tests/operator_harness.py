@@ -52,18 +52,21 @@ def wait_for(fn: Callable[[], T | None], what: str, timeout: float = 45.0, opera
 class Operator:
     """The operator subprocess plus kubectl helpers for one test cluster."""
 
-    def __init__(self, kube: KubeAPIServer, kubeconfig: Path, log: Path) -> None:
+    def __init__(self, kube: KubeAPIServer, kubeconfig: Path, log: Path,
+                 command: Callable[[Path], list[str]] | None = None) -> None:
         self.kube = kube
         self.kubeconfig = kubeconfig
         self.log = log
+        self.command = command  # argv before the operator's options, given the kubeconfig (e.g. podman run)
         self.proc: ServerProcess = None  # type: ignore[assignment]
         self.metrics_port = 0
 
     def start(self, extra_args: Sequence[str] = ()) -> None:
         live, self.metrics_port = free_port(), free_port()
         exe = Path(sys.executable).with_name("glasspipe-operator")
-        argv = [str(exe) if exe.exists() else shutil.which("glasspipe-operator") or "glasspipe-operator",
-                "--bind-address=127.0.0.1", f"--liveness-port={live}", f"--metrics-port={self.metrics_port}",
+        command = (self.command(self.kubeconfig) if self.command else
+                   [str(exe) if exe.exists() else shutil.which("glasspipe-operator") or "glasspipe-operator"])
+        argv = [*command, "--bind-address=127.0.0.1", f"--liveness-port={live}", f"--metrics-port={self.metrics_port}",
                 f"--reconcile-interval={INTERVAL}", *extra_args]
         self.proc = ServerProcess("glasspipe-operator", argv, self.log, env={"KUBECONFIG": str(self.kubeconfig)})
         self.proc.start()
@@ -164,15 +167,17 @@ def chart_rbac(namespace: str) -> str:
 
 
 @contextmanager
-def running_operator(kube: KubeAPIServer, log: Path) -> Iterator[Operator]:
-    """CRDs applied, the operator running under the chart's RBAC; fails if it was ever forbidden anything."""
+def running_operator(kube: KubeAPIServer, log: Path,
+                     command: Callable[[Path], list[str]] | None = None) -> Iterator[Operator]:
+    """CRDs applied, the operator running under the chart's RBAC; fails if it was ever forbidden anything.
+    ``command`` runs it some other way than the local ``glasspipe-operator`` (the operator image)."""
     apply_crd(kube, GP_CRD, "glasspipelines.glasspipe.io")
     apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")
     system_ns = f"glasspipe-system-{uuid.uuid4().hex[:6]}"
     kube.kubectl("create", "namespace", system_ns)
     kube.kubectl("apply", "-f", "-", input=chart_rbac(system_ns))
     kubeconfig = kube.service_account_kubeconfig(system_ns, f"{RELEASE}-glasspipe", create=False)
-    op = Operator(kube, kubeconfig, log)
+    op = Operator(kube, kubeconfig, log, command)
     op.start()
     try:
         yield op

@@ -13,8 +13,8 @@ if [ ! -x "$GP_VENV/bin/python" ]; then
   gp_log "ERROR: no venv at $GP_VENV: run dev/install/python.sh first"
   exit 1
 fi
-SPARK_JARS="$("$GP_VENV/bin/python" -c 'import os, pyspark; print(os.path.join(os.path.dirname(pyspark.__file__), "jars"))')"
-PYSPARK_VERSION="$("$GP_VENV/bin/python" -c 'import pyspark; print(pyspark.__version__)')"
+read -r PYSPARK_VERSION SPARK_JARS < <("$GP_VENV/bin/python" -c \
+  'import os, pyspark; print(pyspark.__version__, os.path.join(os.path.dirname(pyspark.__file__), "jars"))')
 if [ ! -f "$(ls "$SPARK_JARS"/spark-sql_2.13-*.jar 2>/dev/null | head -1)" ]; then
   gp_log "ERROR: no spark-sql jar in $SPARK_JARS (is pyspark installed in $GP_VENV?)"
   exit 1

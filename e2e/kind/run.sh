@@ -8,6 +8,9 @@
 # run it; the same path is covered there piecewise (tests/integration/test_chart.py, the image tests,
 # e2e/test_full_path.py with a local stand-in for spark-operator).
 #
+# The Spark image takes the Kafka connector and JVM operators jars from the project's cache: run
+# `GLASSPIPE_SKIP_KUBE=1 GLASSPIPE_SKIP_IMAGES=1 bash dev/setup.sh` once before.
+#
 #   bash e2e/kind/run.sh            # KEEP_CLUSTER=1 keeps the cluster afterwards
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -19,6 +22,7 @@ kind create cluster --name "$CLUSTER" --wait 120s
 kubectl config use-context "kind-$CLUSTER"
 
 docker build -f operator/Dockerfile -t glasspipe/operator:0.1.0 .
+bash dev/images/stage-jars.sh .   # the Kafka connector and JVM operators jars (docs/images.md)
 docker build -f sparkapp/Dockerfile -t glasspipe/spark:0.1.0 .
 kind load docker-image --name "$CLUSTER" glasspipe/operator:0.1.0 glasspipe/spark:0.1.0
 

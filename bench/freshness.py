@@ -1,0 +1,135 @@
+"""End-to-end freshness of a running glasspipe pipeline at fixed offered rates.
+
+Starts its own Kafka and ClickHouse, runs the sms-dedup pipeline continuously (`glasspipe run`, one
+replica, local Spark) and offers bench/workload.py's stream (10 % repeats) at each rate for a while.
+A poller reads ClickHouse every 100 ms for rows it has not seen (by ``seq``, which numbers first
+occurrences); a row's latency is the poll that first saw it minus its ``sent_at`` (the moment it was
+produced; Kafka appends it within milliseconds). Prints, per rate: events offered, rows landed, p50 /
+p95 / p99 / max latency, and whether the pipeline kept up (every first occurrence landed, exactly once).
+
+    python bench/freshness.py --rates 1000,10000 --seconds 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workload import Workload, produce_at_rate
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import load_example, start_continuous, write_pipeline
+
+POLL_S = 0.1
+
+
+def pipeline_file(tmp: Path, topic: str, table: str, trigger: str) -> Path:
+    doc = load_example("sms-dedup.yaml")
+    doc["metadata"]["name"] = table.replace("_", "-")
+    spec = doc["spec"]
+    source = spec["sources"][0]
+    source["kafka"]["topic"] = topic
+    source["schema"]["fields"].append({"name": "seq", "type": "long"})
+    spec["sink"]["clickhouse"]["table"] = table
+    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 100_000, "maxDelay": trigger}
+    spec["deadLetter"]["topic"] = f"{topic}-dlq"
+    return write_pipeline(doc, tmp, f"{table}.yaml")
+
+
+class Poller(threading.Thread):
+    """Sees rows land: latency of each first occurrence = first poll that saw it - its sent_at."""
+
+    def __init__(self, ch: ClickHouseServer, table: str) -> None:
+        super().__init__(daemon=True)
+        self.client, self.table = ch.client(), table
+        self.low = 0  # every seq <= low has been seen
+        self.above: set[int] = set()
+        self.latencies: list[float] = []
+        self.rows = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            started = time.time()
+            try:
+                got = self.client.execute(f"SELECT seq, sent_at FROM {self.table} WHERE seq > {self.low}")
+            except Exception:  # the table appears with the first batch
+                got = []
+            seen = time.time()
+            for seq, sent_at in got:
+                if seq in self.above:
+                    continue
+                self.above.add(seq)
+                self.rows += 1
+                self.latencies.append(seen - sent_at.replace(tzinfo=UTC).timestamp())
+            while self.low + 1 in self.above:
+                self.low += 1
+                self.above.discard(self.low)
+            time.sleep(max(0.0, POLL_S - (time.time() - started)))
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
+            warmup: float) -> None:
+    suffix = uuid.uuid4().hex[:6]
+    topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
+    kafka.create_topic(topic, 4)
+    kafka.create_topic(f"{topic}-dlq", 1)
+    path = pipeline_file(tmp, topic, table, trigger)
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
+                           tmp / f"{table}.log")
+    try:
+        workload = Workload(seed=int(rate))
+        produce_at_rate(kafka.bootstrap, topic, workload, 50, warmup)  # Spark starts and runs its first batches
+        poller = Poller(ch, table)
+        poller.start()
+        while poller.rows < workload.firsts and job.alive():
+            time.sleep(0.2)
+        poller.latencies.clear()
+        got = produce_at_rate(kafka.bootstrap, topic, workload, rate, seconds)
+        deadline = time.monotonic() + 120
+        while poller.rows < workload.firsts and time.monotonic() < deadline and job.alive():
+            time.sleep(0.2)
+        poller.stop.set()
+        poller.join()
+        rows, distinct = ch.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
+        lat = poller.latencies
+        exact = rows == distinct == workload.firsts
+        print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
+              f"{got['repeats']:.0f} repeats; trigger {trigger}): landed {len(lat)} rows; latency "
+              f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
+              f"p99 {percentile(lat, 0.99):.2f} s, "
+              f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
+              f"{workload.firsts} first occurrences)", flush=True)
+    finally:
+        job.stop(timeout=60)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rates", default="1000,10000", help="offered events/s, comma-separated")
+    p.add_argument("--seconds", type=float, default=60)
+    p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
+    p.add_argument("--warmup", type=float, default=20, help="seconds of a slow stream before measuring")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
+        for rate in (float(r) for r in args.rates.split(",")):
+            measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Entry point of glasspipe's Spark image (sparkapp/Dockerfile), in the convention of Apache Spark's
+# Kubernetes images, which spark-submit's Kubernetes backend and so spark-operator rely on:
+#   driver ARGS...   the driver pod: spark-submit in client mode inside the pod; Spark passes
+#                    `--properties-file /opt/spark/conf/spark.properties --class ... <main file> <args>`
+#                    and the pod's IP in SPARK_DRIVER_BIND_ADDRESS
+#   executor         an executor pod: KubernetesExecutorBackend, configured by the SPARK_* variables
+#                    Spark sets on the pod (driver URL, id, cores, memory, pod name and IP, ...)
+#   anything else    run as given (`spark-submit --master local[2] ...`, `python`, `bash`)
+# tini is PID 1 so that signals reach the JVM and orphaned Python workers are reaped.
+set -euo pipefail
+
+: "${SPARK_HOME:=/opt/spark}"
+conf_dir="${SPARK_CONF_DIR:-$SPARK_HOME/conf}"
+classpath="$conf_dir:$SPARK_HOME/jars/*"
+if [ -n "${HADOOP_CONF_DIR:-}" ]; then classpath="$HADOOP_CONF_DIR:$classpath"; fi
+if [ -n "${SPARK_EXTRA_CLASSPATH:-}" ]; then classpath="$classpath:$SPARK_EXTRA_CLASSPATH"; fi
+if [ -n "${SPARK_DIST_CLASSPATH:-}" ]; then classpath="$classpath:$SPARK_DIST_CLASSPATH"; fi
+
+case "${1:-}" in
+  driver)
+    shift
+    set -- "$SPARK_HOME/bin/spark-submit" \
+      --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS:?is set by Spark on a driver pod}" \
+      --deploy-mode client "$@"
+    ;;
+  executor)
+    shift
+    # SPARK_JAVA_OPT_0, _1, ...: the executor's JVM options, in their numeric order.
+    java_opts=()
+    while IFS= read -r name; do
+      java_opts+=("${!name}")
+    done < <(compgen -e | grep '^SPARK_JAVA_OPT_[0-9]*$' | sort -t_ -k4 -n)
+    memory="${SPARK_EXECUTOR_MEMORY:?is set by Spark on an executor pod}"
+    set -- "$JAVA_HOME/bin/java" "${java_opts[@]}" "-Xms$memory" "-Xmx$memory" -cp "$classpath" \
+      org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
+      --driver-url "${SPARK_DRIVER_URL:?}" \
+      --executor-id "${SPARK_EXECUTOR_ID:?}" \
+      --cores "${SPARK_EXECUTOR_CORES:?}" \
+      --app-id "${SPARK_APPLICATION_ID:?}" \
+      --hostname "${SPARK_EXECUTOR_POD_IP:?}" \
+      --resourceProfileId "${SPARK_RESOURCE_PROFILE_ID:-0}" \
+      --podName "${SPARK_EXECUTOR_POD_NAME:-}" \
+      "$@"
+    ;;
+esac
+exec /usr/bin/tini -s -- "$@"
