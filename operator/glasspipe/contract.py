@@ -142,6 +142,14 @@ def secret_files(spec: models.GlassPipelineSpec) -> list[SecretFile]:
     return [f for f in files if f is not None]
 
 
+# ------------------------------------------------------------------------------ why a replica stopped
+
+# The job writes one line (no secret) here when it fails; Kubernetes keeps it in the driver container's
+# status (terminated.message) and the operator shows it in the pipeline's Degraded condition.
+TERMINATION_LOG = "/dev/termination-log"
+ENV_TERMINATION_LOG = "GLASSPIPE_TERMINATION_LOG"  # another file, outside a pod (the e2e stand-in)
+
+
 # ------------------------------------------------------------------------------ Spark and Kafka
 
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|sasl[.]jaas|ssl[.]keystore[.]key"

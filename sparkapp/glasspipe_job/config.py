@@ -11,9 +11,10 @@ from glasspipe import contract
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe.api.validation import OutputColumn, validate_spec
+from glasspipe_job.failure import JobFailure
 
 
-class SecretMissing(Exception):
+class SecretMissing(JobFailure):
     """A Secret file the render mounts is not there (a run outside Kubernetes without it)."""
 
 

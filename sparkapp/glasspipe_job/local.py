@@ -64,6 +64,7 @@ def local_session(app_name: str, conf: dict[str, str]) -> Any:
 
 def run_local(args: argparse.Namespace) -> int:
     from glasspipe_job.config import config_from_resource, load_job_config
+    from glasspipe_job.failure import report_exception
     from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -82,9 +83,9 @@ def run_local(args: argparse.Namespace) -> int:
     try:
         metrics = run_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port,
                                stop=stop)
-    except UnsupportedPipeline as e:
-        print(f"glasspipe: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # one line, without secrets, as a driver pod reports it
+        report_exception(e, config.secret_values())
+        return 2 if isinstance(e, UnsupportedPipeline) else 1
     from glasspipe_job.metrics import drain_listener_events
 
     drain_listener_events(spark)

@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from glasspipe.api.validation import SpecInvalid
 from glasspipe.contract import CONFIG_ARGUMENT
 from glasspipe_job.config import load_job_config
+from glasspipe_job.failure import report, report_exception
 from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
 
 
@@ -28,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_job_config(args.config_json)
     except SpecInvalid as e:
-        print(f"glasspipe: invalid pipeline spec: {e}", file=sys.stderr)
+        report(f"invalid pipeline spec: {e}", ())
         return 2
     app_name = f"glasspipe-{config.pipeline}-{config.replica}"
     if args.local:
@@ -44,9 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # driver pod deleted: stop between micro-batches
     try:
         run_pipeline(spark, config, metrics_port=args.metrics_port, stop=stop)
-    except UnsupportedPipeline as e:
-        print(f"glasspipe: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # whatever stops the replica: one line, without secrets, where Kubernetes shows it
+        report_exception(e, config.secret_values())
+        return 2 if isinstance(e, UnsupportedPipeline) else 1
     return 0
 
 
