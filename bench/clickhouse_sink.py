@@ -22,8 +22,9 @@ for sub in ("dev", "operator", "sparkapp"):
 
 from glasspipe.api.validation import OutputColumn  # noqa: E402
 from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
-from glasspipe_job import clickhouse_sink  # noqa: E402
-from glasspipe_job.clickhouse_sink import ClickHouseSink, convert_column  # noqa: E402
+from glasspipe_job.clickhouse import sink as clickhouse_sink  # noqa: E402
+from glasspipe_job.clickhouse.sink import ClickHouseSink  # noqa: E402
+from glasspipe_job.clickhouse.values import convert_column  # noqa: E402
 
 COLS = [
     OutputColumn("id", "`id`", "Int64", None),

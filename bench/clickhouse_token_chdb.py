@@ -20,7 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sparkapp"))
 
 from chdb import session
 
-from glasspipe_job.clickhouse_sink import ClickHouseSink, Mechanism, choose_mechanism, parse_version
+from glasspipe_job.clickhouse.mechanism import Mechanism, choose_mechanism, parse_version
+from glasspipe_job.clickhouse.sink import ClickHouseSink
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,8 @@ def main() -> None:
     s.query("CREATE DATABASE IF NOT EXISTS db")
     cols = [Col("id", "Int64"), Col("name", "Nullable(String)"), Col("k", "LowCardinality(String)")]
     sink = ClickHouseSink(["unused"], "db", "t", cols, "ns.p_0", create_table=True, order_by=["k", "id"])
-    sink.version = version
-    for sql in (sink.create_table_sql(), sink.ledger_sql()):
+    sink.table.version = version
+    for sql in (sink.table.create_table_sql(), sink.table.ledger_sql()):
         s.query(sql)
         print("ok:", sql)
     engine, engine_full = (

@@ -1,7 +1,7 @@
 """What happens to each micro-batch (``foreachBatch``), in this order:
 
 1. dead rows are produced to the dead-letter topic (flushed; at least once, with their original bytes);
-2. kept rows are written to ClickHouse, idempotently for this batch id (see clickhouse_sink);
+2. kept rows are written to ClickHouse, idempotently for this batch id (see clickhouse/sink.py);
 3. the batch's end offsets (from Spark's offset log) are committed to the pipeline's consumer group.
 
 A crash anywhere replays the batch with the same id and rows: step 2 then writes nothing twice.
@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from glasspipe.api.validation import split_clickhouse_type
-from glasspipe_job.clickhouse_sink import ClickHouseSink
+from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.handover import CheckpointFiles
 from glasspipe_job.kafka_offsets import ConsumerGroup

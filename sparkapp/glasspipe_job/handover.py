@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,7 +82,7 @@ def _batch_offsets(offsets_json: str) -> Offsets:
     return out
 
 
-def ledger_progress(rows: list[tuple[str, int, str, str]], except_writer: str | None = None) -> Offsets:
+def ledger_progress(rows: Sequence[tuple[str, int, str, str]], except_writer: str | None = None) -> Offsets:
     """Per partition, the furthest end offset of any batch that is done (written completely), by any
     writer or by every writer but ``except_writer``."""
     out: Offsets = {}
@@ -95,7 +96,7 @@ def ledger_progress(rows: list[tuple[str, int, str, str]], except_writer: str | 
     return out
 
 
-def abandoned_batches(rows: list[tuple[str, int, str, str]], owned: Offsets,
+def abandoned_batches(rows: Sequence[tuple[str, int, str, str]], owned: Offsets,
                       except_writer: str) -> list[tuple[str, int, str]]:
     """(writer, batch, offsets) announced but neither done nor rolled back, touching owned partitions."""
     states: dict[tuple[str, int], set[str]] = {}

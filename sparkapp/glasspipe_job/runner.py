@@ -14,7 +14,7 @@ from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters, select_output
-from glasspipe_job.clickhouse_sink import ClickHouseSink
+from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.connections import check_kafka_connections
 from glasspipe_job.failure import JobFailure
@@ -93,7 +93,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, sink: ClickHouseSin
                      assignments: list[SourceAssignment]) -> ho.Handover:
     """Resume this replica's checkpoint, or start a new one where the pipeline's ledger left off."""
     files = ho.CheckpointFiles(spark, config.checkpoint_dir)
-    rows = sink.pipeline_ledger(config.writer_prefix)
+    rows = sink.ledger.pipeline_rows(config.writer_prefix)
     progress = ho.ledger_progress(rows)
     owned: ho.Offsets = {}
     for a in assignments:
@@ -112,7 +112,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, sink: ClickHouseSin
     writer_id = ho.new_writer_id(config.writer_prefix, config.replica, config.replicas)
     for writer, batch, offsets in ho.abandoned_batches(rows, owned, writer_id):
         log.warning("batch %d of stopped writer %s never finished: rolling it back", batch, writer)
-        sink.roll_back(writer, batch, offsets)
+        sink.ledger.roll_back(writer, batch, offsets)
     resume: ho.Offsets = {}
     read_from: ho.Offsets = {}
     for a in assignments:

@@ -22,7 +22,9 @@ import pytest
 
 from glasspipe.api.validation import OutputColumn
 from glasspipe_dev.clickhouse import ClickHouseServer
-from glasspipe_job.clickhouse_sink import LEDGER_TABLE, MARKER_COLUMN, ClickHouseSink, SinkError, WriteResult
+from glasspipe_job.clickhouse.errors import SinkError
+from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
+from glasspipe_job.clickhouse.sink import ClickHouseSink, WriteResult
 
 pytestmark = pytest.mark.integration
 
@@ -110,7 +112,8 @@ class Crash(BaseException):
 def die_after_chunks(sink: ClickHouseSink, table: str, chunks: int) -> None:
     """Make the sink's process 'die' (raise Crash) when it sends its chunk number ``chunks`` + 1."""
     sink.open()
-    real_client = sink.client
+    connection = sink.table.connection
+    real_client = connection.client
     inserts = {"n": 0}
 
     class Dies:
@@ -124,7 +127,7 @@ def die_after_chunks(sink: ClickHouseSink, table: str, chunks: int) -> None:
         def disconnect(self) -> None:
             real_client.disconnect()
 
-    sink._client = Dies()
+    connection._client = Dies()
 
 
 def test_batch_whose_first_chunks_landed_before_a_crash(clickhouse: ClickHouseServer) -> None:
@@ -148,7 +151,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, datetime as dt
     from glasspipe.api.validation import OutputColumn
-    from glasspipe_job.clickhouse_sink import ClickHouseSink
+    from glasspipe_job.clickhouse.sink import ClickHouseSink
     port, table, batch = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("key", "`key`", "String", None),
             OutputColumn("ts", "`ts`", "DateTime", None), OutputColumn("v", "`v`", "Nullable(Float64)", None)]
@@ -180,14 +183,14 @@ def test_successor_rolls_back_the_batch_a_stopped_writer_never_finished(clickhou
     from glasspipe_job.handover import abandoned_batches, ledger_progress
 
     with sink_for(clickhouse, table, writer_id="default.pipe.0of2-bbbb") as b:
-        ledger = b.pipeline_ledger("default.pipe.")
+        ledger = b.ledger.pipeline_rows("default.pipe.")
         assert ledger_progress(ledger) == {"t": {0: 300}}  # where B resumes: batch 1 never finished
         abandoned = abandoned_batches(ledger, {"t": {0: 0}}, b.writer_id)
         assert [(w, n) for w, n, _ in abandoned] == [("default.pipe.0of1-aaaa", 1)]
-        assert b.roll_back(*abandoned[0]) == 200
+        assert b.ledger.roll_back(*abandoned[0]) == 200
         assert stats(clickhouse, table) == (300, 300)
         b.write_batch(0, rows(300, 850), '[{"t":{"0":850}}]')  # B re-reads from offset 300
-        assert abandoned_batches(b.pipeline_ledger("default.pipe."), {"t": {0: 0}}, b.writer_id) == []
+        assert abandoned_batches(b.ledger.pipeline_rows("default.pipe."), {"t": {0: 0}}, b.writer_id) == []
     assert stats(clickhouse, table) == (850, 850)
 
 
@@ -200,8 +203,8 @@ def test_a_pipeline_never_reads_the_ledger_of_a_pipeline_whose_name_extends_its_
         v2.write_batch(0, rows(0, 10), '[{"t":{"0":10}}]')
     with sink_for(clickhouse, table, writer_id="default.orders.0of1-dddd") as orders:
         orders.write_batch(0, rows(10, 15), '[{"t":{"0":5}}]')
-        assert {w for w, *_ in orders.pipeline_ledger("default.orders.")} == {"default.orders.0of1-dddd"}
-        assert {w for w, *_ in orders.pipeline_ledger("default.orders.v2.")} == {"default.orders.v2.0of1-cccc"}
+        assert {w for w, *_ in orders.ledger.pipeline_rows("default.orders.")} == {"default.orders.0of1-dddd"}
+        assert {w for w, *_ in orders.ledger.pipeline_rows("default.orders.v2.")} == {"default.orders.v2.0of1-cccc"}
 
 
 def test_sigkilled_writer_then_replay_is_exactly_once(clickhouse: ClickHouseServer) -> None:

@@ -20,7 +20,8 @@ import yaml
 from fixtures_images import REPO, Image, podman
 from glasspipe.api import models
 from glasspipe.api.validation import validate_resource
-from glasspipe.render import JOB_MAIN, SPARK_VERSION, render_spark_applications
+from glasspipe.contract import JOB_MAIN
+from glasspipe.render import SPARK_VERSION, render_spark_applications
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.kube import KubeAPIServer

@@ -16,22 +16,13 @@ import pytest
 from clickhouse_driver import errors
 
 from glasspipe.api.validation import OutputColumn
-from glasspipe_job.clickhouse_sink import (
-    LEDGER_TABLE,
-    MARKER_COLUMN,
-    ClickHouseSink,
-    Mechanism,
-    SinkError,
-    SinkUnavailable,
-    canonical_order,
-    choose_mechanism,
-    chunk_bounds,
-    convert_column,
-    describe_error,
-    is_transient,
-    marker_value,
-    parse_host,
-)
+from glasspipe_job.clickhouse.connection import parse_host
+from glasspipe_job.clickhouse.errors import SinkError, SinkUnavailable, describe_error, is_transient
+from glasspipe_job.clickhouse.mechanism import Mechanism, choose_mechanism
+from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN, marker_value
+from glasspipe_job.clickhouse.sink import ClickHouseSink, chunk_bounds
+from glasspipe_job.clickhouse.table import ddl_settings
+from glasspipe_job.clickhouse.values import canonical_order, convert_column
 
 pytestmark = pytest.mark.unit
 
@@ -484,12 +475,13 @@ def test_create_table_on_18_16_needs_low_cardinality_flag_and_skips_nullable_key
         OutputColumn("k", "`k`", "LowCardinality(String)", None),
     ]
     sink = ClickHouseSink(["h"], "default", "t", cols, "w0", create_table=True, client_factory=lambda: fake)
-    sink.version = (18, 16, 1)
-    assert sink.create_table_sql() == (
+    sink.table.version = (18, 16, 1)
+    assert sink.table.create_table_sql() == (
         "CREATE TABLE IF NOT EXISTS `default`.`t` (`maybe` Nullable(String), `k` LowCardinality(String), "
         "`_glasspipe_batch` String DEFAULT '') ENGINE = MergeTree ORDER BY (`k`)"
     )
-    assert sink._ddl_settings() == {"allow_experimental_low_cardinality_type": 1}
+    assert ddl_settings((18, 16, 1), cols) == {"allow_experimental_low_cardinality_type": 1}
+    assert ddl_settings((19, 3), cols) == {}
 
 
 def test_batch_shape_is_checked() -> None:

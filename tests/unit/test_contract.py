@@ -50,9 +50,9 @@ def test_the_rendered_clickhouse_ca_reaches_the_sink() -> None:
     from glasspipe_job.runner import make_sink
 
     files, config = rendered()
-    sink = make_sink(config)
-    assert sink.secure is True
-    assert sink.ca_file == files["ch-ca"] == "/etc/glasspipe/secrets/clickhouse-ca/ca.crt"
+    connection = make_sink(config).table.connection
+    assert connection.secure is True
+    assert connection.ca_file == files["ch-ca"] == "/etc/glasspipe/secrets/clickhouse-ca/ca.crt"
 
 
 def test_the_rendered_kafka_ca_reaches_spark_and_librdkafka() -> None:

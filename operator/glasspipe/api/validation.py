@@ -70,14 +70,30 @@ _CONVERTIBLE: dict[str, set[str]] = {
 }
 
 
+@dataclass(frozen=True)
+class ClickHouseType:
+    """A ClickHouse type string taken apart: the one parser for spec types and the types a table reports."""
+
+    base: str  # name without parameters or wrappers: "DateTime64"
+    inner: str  # without the LowCardinality/Nullable wrappers: "DateTime64(3)"
+    nullable: bool  # Nullable(...) at the top (or inside LowCardinality), not deeper as in Array(Nullable(...))
+    low_cardinality: bool
+
+
+def parse_clickhouse_type(ch_type: str) -> ClickHouseType:
+    t = ch_type.strip()
+    low = nullable = False
+    if t.startswith("LowCardinality(") and t.endswith(")"):
+        low, t = True, t[len("LowCardinality("):-1].strip()
+    if t.startswith("Nullable(") and t.endswith(")"):
+        nullable, t = True, t[len("Nullable("):-1].strip()
+    return ClickHouseType(t.split("(")[0].strip(), t, nullable, low)
+
+
 def split_clickhouse_type(ch_type: str) -> tuple[str, bool]:
     """(base type name without parameters or wrappers, nullable?) of a ClickHouse type."""
-    inner = ch_type
-    nullable = "Nullable(" in ch_type
-    for wrapper in ("LowCardinality(", "Nullable("):
-        if inner.startswith(wrapper):
-            inner = inner[len(wrapper):-1]
-    return inner.split("(")[0], nullable
+    parsed = parse_clickhouse_type(ch_type)
+    return parsed.base, parsed.nullable
 
 
 def nullable_type(ch_type: str) -> str:

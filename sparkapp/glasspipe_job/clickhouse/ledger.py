@@ -1,0 +1,156 @@
+"""The ledger: what every writer of a pipeline announced and committed, and the roll-back of what a
+stopped writer left half-written.
+
+One row per (writer, batch, state) in ``glasspipe_ledger`` (DDL in table.py), with the batch's Kafka
+end offsets. The protocol, read together with ``glasspipe_job.handover``:
+
+1. the sink announces a batch as ``pending`` (with its offsets) before it sends any chunk;
+2. it writes ``done`` once every chunk is stored: the batch is committed (its offsets count as progress);
+3. a successor that takes over the partitions of a stopped writer (a rescale) finds batches that are
+   ``pending`` but never ``done`` (``handover.abandoned_batches``), removes their chunks and writes
+   ``rolledback``; then it resumes at the furthest ``done`` offsets (``handover.ledger_progress``).
+
+With the token mechanism every ledger insert carries its own deduplication token, so a retried insert
+is stored once.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from glasspipe_job.clickhouse.errors import MutationPending
+from glasspipe_job.clickhouse.mechanism import Mechanism
+from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, quote_ident
+from glasspipe_job.clickhouse.table import ClickHouseTable
+
+log = logging.getLogger(__name__)
+
+PENDING, DONE, ROLLED_BACK = "pending", "done", "rolledback"
+# What follows a pipeline's writer prefix ("<namespace>.<pipeline>."): the replica ("0", before the
+# hand-over decides) or "<replica>of<replicas>-<hex>" (handover.new_writer_id).
+WRITER_SUFFIX_PATTERN = "^[0-9]+(of[0-9]+-[0-9a-f]+)?$"
+
+
+class LedgerRow(NamedTuple):
+    """One ledger row as the hand-over reads it."""
+
+    writer: str
+    batch_id: int
+    state: str
+    offsets: str
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """A committed (``done``) batch of one writer."""
+
+    batch_id: int
+    chunks: int
+    rows: int
+    offsets: str
+
+
+class Ledger:
+    """Reads and writes the ledger of one table's database (through the table's connection and retries)."""
+
+    def __init__(self, table: ClickHouseTable) -> None:
+        self.table = table
+
+    @property
+    def _client(self) -> Any:
+        return self.table.connection.client
+
+    # -- one writer (the sink's own batches); callers retry
+
+    def done_entry(self, writer_id: str, batch_id: int) -> tuple[int, int] | None:
+        """(chunks, rows) of a committed batch, or None."""
+        rows = self._client.execute(
+            f"SELECT chunks, rows FROM {self.table.ledger_table} WHERE writer = %(w)s AND batch_id = %(b)s "
+            "AND state = 'done' LIMIT 1",
+            {"w": writer_id, "b": batch_id},
+        )
+        return (int(rows[0][0]), int(rows[0][1])) if rows else None
+
+    def insert(self, writer_id: str, batch_id: int, chunks: int, rows: int, offsets: str, state: str = DONE) -> None:
+        """A ledger row of ``state`` (see the module docstring)."""
+        settings: dict[str, Any] = {}
+        if self.table.mechanism is Mechanism.TOKEN:
+            settings = {"insert_deduplicate": 1, "insert_deduplication_token": f"{writer_id}/{batch_id}/ledger-{state}"}
+        self._client.execute(
+            f"INSERT INTO {self.table.ledger_table} (writer, batch_id, chunks, rows, offsets, state) VALUES",
+            [[writer_id], [batch_id], [chunks], [rows], [offsets], [state]],
+            columnar=True,
+            settings=settings or None,
+        )
+
+    def states(self, writer_id: str, batch_id: int) -> set[str]:
+        rows = self._client.execute(
+            f"SELECT DISTINCT state FROM {self.table.ledger_table} WHERE writer = %(w)s AND batch_id = %(b)s",
+            {"w": writer_id, "b": batch_id},
+        )
+        return {str(r[0]) for r in rows}
+
+    # -- retried on their own
+
+    def newest(self, writer_id: str) -> LedgerEntry | None:
+        """The newest committed batch of a writer: its batch id and Kafka offsets."""
+        self.table.open()
+
+        def q(_attempt: int) -> LedgerEntry | None:
+            rows = self._client.execute(
+                f"SELECT batch_id, chunks, rows, offsets FROM {self.table.ledger_table} WHERE writer = %(w)s "
+                "AND state = 'done' ORDER BY batch_id DESC LIMIT 1",
+                {"w": writer_id},
+            )
+            return LedgerEntry(int(rows[0][0]), int(rows[0][1]), int(rows[0][2]), str(rows[0][3])) if rows else None
+
+        result: LedgerEntry | None = self.table.retrying("reading the ledger", q)
+        return result
+
+    def pipeline_rows(self, writer_prefix: str) -> list[LedgerRow]:
+        """Every ledger row of one pipeline's writers: the prefix followed by a replica suffix only, so
+        that pipeline ``orders`` never reads the rows of ``orders.v2``."""
+        self.table.open()
+
+        def q(_attempt: int) -> list[LedgerRow]:
+            rows = self._client.execute(
+                f"SELECT writer, batch_id, state, offsets FROM {self.table.ledger_table} "
+                "WHERE substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)",
+                {"n": len(writer_prefix.encode()), "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN},
+            )
+            return [LedgerRow(str(w), int(b), str(st), str(o)) for w, b, st, o in rows]
+
+        result: list[LedgerRow] = self.table.retrying("reading the ledger", q)
+        return result
+
+    def roll_back(self, writer_id: str, batch_id: int, offsets: str) -> int:
+        """Remove every chunk an abandoned (never done) batch of another writer left in the table, then
+        write ``rolledback``. Only safe once that writer has stopped for good: the operator stops a
+        generation of replicas before it starts the next one. Returns the rows removed."""
+        table = self.table.open()
+        prefix = batch_prefix(writer_id, batch_id)
+        marker = quote_ident(MARKER_COLUMN)
+        where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
+
+        found: list[int] = []  # rows of the batch seen before the delete was issued
+        issued: list[bool] = []
+
+        def remove(_attempt: int) -> None:
+            if self.states(writer_id, batch_id) & {DONE, ROLLED_BACK}:
+                return
+            count = f"SELECT count() FROM {table.full_table} WHERE {where}"
+            left = int(self._client.execute(count, {"p": prefix})[0][0])
+            if not found:
+                found.append(left)
+            if left:
+                if not issued:
+                    log.warning("rolling back %d rows of abandoned batch %s in %s", left, prefix, table.full_table)
+                    self._client.execute(f"ALTER TABLE {table.full_table} DELETE WHERE {where}", {"p": prefix})
+                    issued.append(True)
+                raise MutationPending(f"waiting for the roll-back of {prefix} to finish")
+            self.insert(writer_id, batch_id, 0, 0, offsets, state=ROLLED_BACK)
+
+        table.retrying(f"rolling back batch {prefix}", remove)
+        return found[0] if found else 0

@@ -1,0 +1,243 @@
+"""Writes micro-batches into one ClickHouse table, each (writer_id, batch_id) exactly once.
+
+Spark replays a micro-batch after a crash with the same batch id and the same rows, so every write is
+keyed by ``(writer_id, batch_id)`` and made idempotent: a batch in the ledger is skipped; otherwise it
+is announced (``pending``), sent in chunks of at most ``max_rows`` rows (each chunk one block, marked or
+carrying its deduplication token, see mechanism.py), and closed by a ``done`` ledger row. Before the
+first write of a sink's life and after a failed attempt, chunks already stored are counted and skipped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from glasspipe_job.clickhouse.connection import ClientLike, Connection
+from glasspipe_job.clickhouse.errors import MutationPending, SinkError
+from glasspipe_job.clickhouse.ledger import PENDING, Ledger
+from glasspipe_job.clickhouse.mechanism import Mechanism
+from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
+from glasspipe_job.clickhouse.table import ClickHouseTable, SinkColumn
+from glasspipe_job.clickhouse.values import canonical_order, convert_column
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class WriteResult:
+    rows_written: int  # rows inserted by this call (skipped chunks and replays excluded)
+    chunks: int  # chunks the batch consists of
+    skipped_replay: bool  # the ledger already had this batch: nothing was written
+    chunks_skipped: int = 0  # chunks found already in the table (a crashed predecessor wrote them)
+    attempts: int = 1
+
+
+def chunk_bounds(n_rows: int, max_rows: int) -> list[tuple[int, int]]:
+    """[start, end) row ranges of at most max_rows rows; an empty batch has no chunks."""
+    if max_rows < 1:
+        raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+    return [(lo, min(lo + max_rows, n_rows)) for lo in range(0, n_rows, max_rows)]
+
+
+class ClickHouseSink:
+    """The writer ``writer_id`` of one table. Built from connection settings, or with ``on()`` from a table
+    that is open already (the job reads the ledger and decides its writer id before it builds the sink)."""
+
+    def __init__(
+        self,
+        hosts: Sequence[str],
+        database: str,
+        table: str,
+        columns: Sequence[SinkColumn],
+        writer_id: str,
+        max_rows: int = 100_000,
+        user: str = "default",
+        password: str = "",
+        secure: bool = False,
+        ca_file: str | None = None,
+        create_table: bool = False,
+        order_by: Sequence[str] | None = None,
+        *,
+        retry_deadline: float | None = None,
+        max_backoff: float = 10.0,
+        connect_timeout: float = 10.0,
+        send_receive_timeout: float = 300.0,
+        client_factory: Callable[[], ClientLike] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        connection = Connection(
+            hosts, database, user=user, password=password, secure=secure, ca_file=ca_file,
+            insert_block_size=max_rows, retry_deadline=retry_deadline, max_backoff=max_backoff,
+            connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
+            client_factory=client_factory, sleep=sleep, clock=clock,
+        )
+        self._bind(ClickHouseTable(connection, table, columns, create_table, order_by), writer_id, max_rows)
+
+    @classmethod
+    def on(cls, table: ClickHouseTable, writer_id: str, max_rows: int) -> ClickHouseSink:
+        """A sink writing as ``writer_id`` into ``table`` (sharing its connection)."""
+        sink = cls.__new__(cls)
+        sink._bind(table, writer_id, max_rows)
+        return sink
+
+    def _bind(self, table: ClickHouseTable, writer_id: str, max_rows: int) -> None:
+        if not writer_id or "/" in writer_id:
+            raise ValueError(f"writer_id must be non-empty and contain no '/', got {writer_id!r}")
+        if max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1, got {max_rows}")
+        self.table = table
+        self.ledger = Ledger(table)
+        self.writer_id = writer_id
+        self.max_rows = max_rows
+        # No batch written yet, or the last write_batch failed: chunks of the next batch may be in the table
+        # already (from a crashed predecessor, or from our own failed call that Spark now retries).
+        self._fresh = True
+
+    @property
+    def mechanism(self) -> Mechanism | None:
+        return self.table.mechanism
+
+    @property
+    def _client(self) -> Any:
+        return self.table.connection.client
+
+    def open(self) -> ClickHouseSink:
+        self.table.open()
+        return self
+
+    def close(self) -> None:
+        self.table.close()
+
+    def __enter__(self) -> ClickHouseSink:
+        return self.open()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def committed_offsets(self, writer_id: str | None = None) -> str | None:
+        """Offsets of the newest committed batch of a writer (default: this sink's)."""
+        entry = self.ledger.newest(writer_id or self.writer_id)
+        return entry.offsets if entry else None
+
+    # -- chunks in the table (marker mechanism)
+
+    def chunks_present(self, batch_id: int) -> dict[str, int]:
+        """marker value -> rows in the table, for every chunk of this batch already stored."""
+        prefix = batch_prefix(self.writer_id, batch_id)
+        marker = quote_ident(MARKER_COLUMN)
+        rows = self._client.execute(
+            f"SELECT {marker}, count() FROM {self.table.full_table} "
+            f"WHERE substring({marker}, 1, %(n)s) = %(p)s GROUP BY {marker}",
+            {"n": len(prefix.encode()), "p": prefix},
+        )
+        return {str(m): int(n) for m, n in rows}
+
+    def _usable_chunks(self, batch_id: int, bounds: list[tuple[int, int]], deleting: set[str]) -> dict[str, int]:
+        """Chunks of this batch stored completely; partial or stale ones are deleted first (waited for)."""
+        present = self.chunks_present(batch_id)
+        expected = {marker_value(self.writer_id, batch_id, k): hi - lo for k, (lo, hi) in enumerate(bounds)}
+        bad = {m for m, cnt in present.items() if expected.get(m) != cnt}
+        if bad:
+            if not bad <= deleting:
+                self._delete_markers(bad - deleting)
+                deleting |= bad
+            raise MutationPending(f"waiting for the delete of chunks {sorted(bad)} to finish")
+        return present
+
+    def _delete_markers(self, markers: Iterable[str]) -> None:
+        """Remove partially stored or stale chunks (a server crash mid-insert, or a changed maxRows)."""
+        markers = sorted(markers)
+        log.warning("deleting partial/stale chunks %s from %s before rewriting them", markers, self.table.full_table)
+        self._client.execute(
+            f"ALTER TABLE {self.table.full_table} DELETE WHERE {quote_ident(MARKER_COLUMN)} IN %(m)s",
+            {"m": tuple(markers)},
+        )
+
+    # -- writing
+
+    def write_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]], offsets: str) -> WriteResult:
+        """Write one micro-batch exactly once: a replay of a committed (writer_id, batch_id) is skipped."""
+        table = self.table.open()
+        n = self._check_data(data)
+        committed = table.retrying("looking up the ledger", lambda _a: self.ledger.done_entry(self.writer_id, batch_id))
+        if committed is not None:
+            log.info("batch %d of %s is in the ledger already (%d rows): replay skipped", batch_id, self.writer_id,
+                     committed[1])
+            return WriteResult(0, committed[0], True)
+
+        bounds = chunk_bounds(n, self.max_rows)
+        raw = [data[c.name] for c in table.columns]
+        if len(bounds) > 1:  # make chunk k the same rows on a replay, whatever order Spark produced them in
+            order = canonical_order(raw)
+            raw = [[col[i] for i in order] for col in raw]
+        converted = [
+            convert_column(c.name, table.table_types[c.name], col) for c, col in zip(table.columns, raw, strict=True)
+        ]
+        names = [c.name for c in table.columns]
+        with_marker = table.has_marker
+        if with_marker:
+            names.append(MARKER_COLUMN)
+        insert_sql = f"INSERT INTO {table.full_table} ({', '.join(quote_ident(x) for x in names)}) VALUES"
+
+        done: set[int] = set()  # chunks this call saw acknowledged
+        sent: set[int] = set()  # chunks this call sent an INSERT for (acknowledged or not)
+        deleting: set[str] = set()  # partial/stale chunks whose delete was issued
+        stats = {"written": 0, "skipped": 0, "attempts": 0}
+        check_first = self._fresh
+
+        def attempt(k_attempt: int) -> None:
+            stats["attempts"] = k_attempt + 1
+            if k_attempt > 0 and self.ledger.done_entry(self.writer_id, batch_id) is not None:
+                return  # the ledger insert of a previous attempt landed; only its answer was lost
+            if k_attempt == 0:
+                # Announce the batch and its offsets before any chunk: a successor that takes over these
+                # partitions after this writer is gone can find and roll back what a crash left behind.
+                self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets, state=PENDING)
+            present: dict[str, int] = {}
+            if table.mechanism is Mechanism.MARKER and (check_first or k_attempt > 0):
+                present = self._usable_chunks(batch_id, bounds, deleting)
+            for k, (lo, hi) in enumerate(bounds):
+                marker = marker_value(self.writer_id, batch_id, k)
+                if k in done:
+                    continue
+                if marker in present:
+                    if k in sent:  # our own INSERT landed; only its answer was lost
+                        stats["written"] += hi - lo
+                    else:  # a crashed predecessor wrote it
+                        stats["skipped"] += 1
+                    done.add(k)
+                    continue
+                sent.add(k)
+                cols = [col[lo:hi] for col in converted]  # fresh lists: the driver rewrites them in place
+                if with_marker:
+                    cols.append([marker] * (hi - lo))
+                settings: dict[str, Any] = {"insert_block_size": max(hi - lo, 1)}
+                if table.mechanism is Mechanism.TOKEN:
+                    settings.update(insert_deduplicate=1, insert_deduplication_token=marker)
+                self._client.execute(insert_sql, cols, columnar=True, settings=settings)
+                done.add(k)
+                stats["written"] += hi - lo
+            self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets)
+
+        self._fresh = True
+        table.retrying(f"writing batch {batch_id} to {table.full_table}", attempt)
+        self._fresh = False
+        if stats["skipped"]:
+            log.warning("batch %d: %d chunk(s) were already in %s (written before a crash) and were skipped",
+                        batch_id, stats["skipped"], table.full_table)
+        return WriteResult(stats["written"], len(bounds), False, stats["skipped"], stats["attempts"])
+
+    def _check_data(self, data: Mapping[str, Sequence[Any]]) -> int:
+        names = {c.name for c in self.table.columns}
+        missing = names - data.keys()
+        extra = set(data.keys()) - names
+        if missing or extra:
+            raise SinkError(f"batch columns do not match the sink's: missing {sorted(missing)}, extra {sorted(extra)}")
+        lengths = {len(data[c.name]) for c in self.table.columns}
+        if len(lengths) > 1:
+            raise SinkError(f"batch columns have different lengths: {sorted(lengths)}")
+        return lengths.pop()
