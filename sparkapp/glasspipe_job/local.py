@@ -77,6 +77,14 @@ def run_local(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         print(f"{args.file}: cannot read a GlassPipeline from it: {e}", file=sys.stderr)
         return 2
+    if getattr(args, "secrets_dir", None):
+        from glasspipe_job.local_secrets import LocalSecretMissing, load_local_secrets
+
+        try:
+            load_local_secrets(config.spec, Path(args.secrets_dir))
+        except LocalSecretMissing as e:
+            print(f"{args.file}: {e}", file=sys.stderr)
+            return 2
     spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", config.spark_conf)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
