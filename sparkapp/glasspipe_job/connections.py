@@ -1,4 +1,4 @@
-"""Before a replica starts: can it reach and log in to each Kafka it uses? If not, say exactly why.
+"""Before a replica starts: can it reach and log in to each Kafka and ClickHouse it uses? If not, say why.
 
 Without this check a wrong password or CA shows up as librdkafka's "Local: Broker transport failure"
 after a timeout, or as a Java stack trace from Spark's Kafka connector. librdkafka reports the real
@@ -9,6 +9,7 @@ broker Y" plus the spec field to fix. User names, brokers and Secret names appea
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -21,6 +22,7 @@ from glasspipe_job.config import JobConfig
 from glasspipe_job.failure import JobFailure
 
 CHECK_TIMEOUT = 30.0
+log = logging.getLogger(__name__)
 
 
 class ConnectionFailed(JobFailure):
@@ -157,3 +159,33 @@ def check_kafka_connections(config: JobConfig, timeout: float = CHECK_TIMEOUT) -
         conf = {**config.librdkafka_options(spec.sources[0]), "bootstrap.servers": dl}
         what = "the dead-letter topic of spec.deadLetter.bootstrapServers"
         check_kafka(conf, kafka_target(config, spec.sources[0], what, dl), timeout)
+
+
+def check_clickhouse(config: JobConfig, timeout: float = CHECK_TIMEOUT) -> None:
+    """``SELECT 1`` on the sink's hosts with its user, password and TLS settings; ConnectionFailed if it
+    cannot work (wrong password, unverifiable certificate). A server still unreachable after ``timeout``
+    is only logged: the sink waits for it, as it does for an outage mid-run."""
+    from glasspipe_job.clickhouse.connection import Connection
+    from glasspipe_job.clickhouse.errors import SinkError, SinkUnavailable, describe_error
+
+    ch = config.spec.sink.clickhouse
+    user, password = config.clickhouse_credentials
+    conn = Connection(ch.hosts, ch.database, user=user, password=password, secure=ch.secure,
+                      ca_file=config.clickhouse_ca_file, retry_deadline=timeout, connect_timeout=min(timeout, 10.0))
+    where = (f"connecting to ClickHouse {', '.join(ch.hosts)} as user {user!r} "
+             f"({'TLS' if ch.secure else 'no TLS'}, spec.sink.clickhouse)")
+    try:
+        conn.retrying("connecting", lambda _attempt: conn.client.execute("SELECT 1"),
+                      lambda e: describe_error(e, ch.database, ch.table, where))
+    except SinkUnavailable as e:
+        log.warning("%s; starting anyway, the sink keeps retrying", e)
+    except SinkError as e:
+        raise ConnectionFailed(str(e)) from None
+    finally:
+        conn.close()
+
+
+def check_connections(config: JobConfig, timeout: float = CHECK_TIMEOUT) -> None:
+    """Kafka, then ClickHouse: before the Spark session starts, so a wrong Secret costs seconds, not a JVM."""
+    check_kafka_connections(config, timeout)
+    check_clickhouse(config, timeout)

@@ -64,6 +64,7 @@ def local_session(app_name: str, conf: dict[str, str]) -> Any:
 
 def run_local(args: argparse.Namespace) -> int:
     from glasspipe_job.config import config_from_resource, load_job_config
+    from glasspipe_job.connections import check_connections
     from glasspipe_job.failure import report_exception
     from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
 
@@ -85,10 +86,11 @@ def run_local(args: argparse.Namespace) -> int:
         except LocalSecretMissing as e:
             print(f"{args.file}: {e}", file=sys.stderr)
             return 2
-    spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", config.spark_conf)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
     try:
+        check_connections(config)  # a wrong Secret says so in seconds, before the JVM starts
+        spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", config.spark_conf)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
         metrics = run_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port,
                                stop=stop)
     except Exception as e:  # one line, without secrets, as a driver pod reports it

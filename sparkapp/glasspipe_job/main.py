@@ -7,12 +7,14 @@ import logging
 import signal
 import sys
 import threading
+from typing import cast
 
 from pyspark.sql import SparkSession
 
 from glasspipe.api.validation import SpecInvalid
 from glasspipe.contract import CONFIG_ARGUMENT
-from glasspipe_job.config import load_job_config
+from glasspipe_job.config import JobConfig, load_job_config
+from glasspipe_job.connections import check_connections
 from glasspipe_job.failure import report, report_exception
 from glasspipe_job.runner import UnsupportedPipeline, run_pipeline
 
@@ -31,24 +33,28 @@ def main(argv: list[str] | None = None) -> int:
     except SpecInvalid as e:
         report(f"invalid pipeline spec: {e}", ())
         return 2
-    app_name = f"glasspipe-{config.pipeline}-{config.replica}"
-    if args.local:
-        from glasspipe_job.local import local_session
-
-        spark = local_session(app_name, config.spark_conf)
-    else:
-        builder = SparkSession.builder.appName(app_name)
-        for k, v in config.spark_conf.items():
-            builder = builder.config(k, v)
-        spark = builder.getOrCreate()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # driver pod deleted: stop between micro-batches
     try:
+        check_connections(config)  # a wrong Secret says so here, before a JVM starts or anything is read
+        spark = _session(config, args.local)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # driver pod deleted: stop between micro-batches
         run_pipeline(spark, config, metrics_port=args.metrics_port, stop=stop)
     except Exception as e:  # whatever stops the replica: one line, without secrets, where Kubernetes shows it
         report_exception(e, config.secret_values())
         return 2 if isinstance(e, UnsupportedPipeline) else 1
     return 0
+
+
+def _session(config: JobConfig, local: bool) -> SparkSession:
+    app_name = f"glasspipe-{config.pipeline}-{config.replica}"
+    if local:
+        from glasspipe_job.local import local_session
+
+        return cast(SparkSession, local_session(app_name, config.spark_conf))
+    builder = SparkSession.builder.appName(app_name)
+    for k, v in config.spark_conf.items():
+        builder = builder.config(k, v)
+    return builder.getOrCreate()
 
 
 if __name__ == "__main__":

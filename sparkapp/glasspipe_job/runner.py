@@ -16,7 +16,6 @@ from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters, select_output
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
-from glasspipe_job.connections import check_kafka_connections
 from glasspipe_job.failure import JobFailure
 from glasspipe_job.kafka_offsets import EARLIEST, LATEST, ConsumerGroup, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
@@ -154,7 +153,6 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
                    metrics: JobMetrics | None = None) -> RunningPipeline:
     """Start the query of one replica: Kafka -> checks/filter -> dedup -> ClickHouse."""
     spec = config.spec
-    check_kafka_connections(config)  # a wrong password or CA says so here, before anything is read or written
     assignments = assign_partitions(config)
     sink = make_sink(config)
     decision = prepare_handover(spark, config, sink, assignments)

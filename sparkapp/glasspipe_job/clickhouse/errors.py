@@ -103,8 +103,9 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def describe_error(exc: BaseException, database: str, table: str) -> str:
-    """A one-paragraph explanation of a permanent error: what failed and how to fix it."""
+def describe_error(exc: BaseException, database: str, table: str, where: str | None = None) -> str:
+    """A one-paragraph explanation of a permanent error: what failed (``where``, default: writing to the
+    table) and how to fix it."""
     code = getattr(exc, "code", None)
     raw = str(getattr(exc, "message", None) or exc).strip()
     first = raw.splitlines()[0] if raw else type(exc).__name__
@@ -119,7 +120,7 @@ def describe_error(exc: BaseException, database: str, table: str) -> str:
     if "certificate verify failed" in raw.lower():
         fix = ("the server's TLS certificate could not be verified: put the CA that signed it in the Secret of "
                "spec.sink.clickhouse.caSecretRef")
-    where = f"writing to ClickHouse table {full}"
+    where = where or f"writing to ClickHouse table {full}"
     text = (
         f"{where} failed: {type(exc).__name__} (code {code}): {first}" if code else f"{where} failed: {first}"
     )
