@@ -109,7 +109,7 @@ def describe_error(exc: BaseException, database: str, table: str, where: str | N
     code = getattr(exc, "code", None)
     raw = str(getattr(exc, "message", None) or exc).strip()
     first = raw.splitlines()[0] if raw else type(exc).__name__
-    first = first.split(" Stack trace:")[0]
+    first = first.split(" Stack trace:")[0].replace("DB::Exception: ", "").rstrip(". ")
     full = full_name(database, table)
     fix = _FIXES.get(code) if isinstance(code, int) else None
     if code == 252:
