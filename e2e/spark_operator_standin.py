@@ -49,6 +49,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -66,6 +67,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO / "dev") not in sys.path:  # glasspipe_dev (ServerProcess, java_home) lives in dev/, not in the wheel
     sys.path.insert(0, str(REPO / "dev"))
 
+from glasspipe import contract  # noqa: E402
 from glasspipe_dev.paths import java_home  # noqa: E402
 from glasspipe_dev.process import ServerProcess, free_port  # noqa: E402
 
@@ -250,7 +252,7 @@ class SparkOperatorStandIn:
         tail = d.proc.log_tail(15)
         d.proc = None
         self._pid_file(d).unlink(missing_ok=True)
-        self._set_pod_phase(d, "Succeeded" if rc == 0 else "Failed")
+        self._set_pod_phase(d, "Succeeded" if rc == 0 else "Failed", self._terminated(d, obj, rc))
         policy = (obj.get("spec") or {}).get("restartPolicy") or {}
         kind = policy.get("type", "Never")
         extra = {"terminationTime": now_rfc3339()}
@@ -287,6 +289,7 @@ class SparkOperatorStandIn:
         folder.mkdir(parents=True, exist_ok=True)
         try:
             env = self._driver_env(d.namespace, spec)
+            env.update(self._secret_volumes(d.namespace, spec, folder))
         except (ApiException, KeyError, ValueError) as e:
             policy = spec.get("restartPolicy") or {}
             d.retry_at = time.monotonic() + float(policy.get("onSubmissionFailureRetryInterval", 20))
@@ -304,6 +307,9 @@ class SparkOperatorStandIn:
         argv = [self.python, *entry, *[str(a) for a in spec.get("arguments") or []],
                 "--local", f"--metrics-port={free_port()}"]
         log_path = folder / f"{d.uid[:8]}-attempt-{d.attempts}.log"
+        termination_log = folder / "termination-log"  # the container's /dev/termination-log
+        termination_log.unlink(missing_ok=True)
+        env[contract.ENV_TERMINATION_LOG] = str(termination_log)
         d.proc = ServerProcess(f"driver {d.key}", argv, log_path, env=env, cwd=folder).start()
         assert d.proc.proc is not None
         self._pid_file(d).write_text(f"{d.proc.proc.pid}\n")
@@ -337,6 +343,29 @@ class SparkOperatorStandIn:
                 secret = self.core.read_namespaced_secret(ref["name"], namespace)
                 env[item["name"]] = base64.b64decode((secret.data or {})[ref["key"]]).decode()
         return env
+
+    def _secret_volumes(self, namespace: str, spec: dict[str, Any], folder: Path) -> dict[str, str]:
+        """The kubelet's part for the driver template's Secret volumes: each mounted item is written under
+        ``folder/kubelet-root`` + its mountPath (fresh per submission), and the job is told where the
+        contract's Secret files folder is now (it cannot be /etc here)."""
+        template = (((spec.get("driver") or {}).get("template") or {}).get("spec")) or {}
+        volumes = {v["name"]: v for v in template.get("volumes") or []}
+        mounts = ((template.get("containers") or [{}])[0].get("volumeMounts")) or []
+        root = folder / "kubelet-root"
+        shutil.rmtree(root, ignore_errors=True)
+        for mount in mounts:
+            source = (volumes.get(mount["name"]) or {}).get("secret")
+            if source is None:
+                continue
+            data = self.core.read_namespaced_secret(source["secretName"], namespace).data or {}
+            items = source.get("items") or [{"key": k, "path": k} for k in sorted(data)]
+            target = root / mount["mountPath"].lstrip("/")
+            target.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for item in items:
+                path = target / item["path"]
+                path.write_bytes(base64.b64decode(data[item["key"]]))  # KeyError: a missing key, as the kubelet
+                path.chmod(0o600)
+        return {contract.ENV_SECRET_FILES_DIR: str(root / contract.SECRET_FILES_DIR.lstrip("/"))} if mounts else {}
 
     def _stop_driver(self, d: Driver, why: str) -> None:
         """Stop the driver and wait for it (a spec change: spark-operator waits before it resubmits)."""
@@ -427,9 +456,22 @@ class SparkOperatorStandIn:
                      "containers": [{"name": "spark-kubernetes-driver", "image": spec.get("image") or "spark"}]}}
         self.core.create_namespaced_pod(d.namespace, pod)  # type: ignore[arg-type]  # dicts are accepted
 
-    def _set_pod_phase(self, d: Driver, phase: str) -> None:
+    def _terminated(self, d: Driver, obj: dict[str, Any], rc: int) -> dict[str, Any]:
+        """The driver container's status as the kubelet writes it: exit code, reason and the termination
+        message (what the job left in its /dev/termination-log)."""
+        terminated: dict[str, Any] = {"exitCode": rc if rc >= 0 else 128 - rc, "reason": "Completed" if rc == 0
+                                      else "Error", "finishedAt": now_rfc3339()}
+        path = driver_dir(self.work_dir, d.namespace, d.name) / "termination-log"
+        with contextlib.suppress(OSError):
+            terminated["message"] = path.read_bytes()[:4096].decode(errors="replace")
+        image = (obj.get("spec") or {}).get("image") or "spark"
+        return {"containerStatuses": [{"name": "spark-kubernetes-driver", "ready": False, "restartCount": 0,
+                                       "image": image, "imageID": "", "state": {"terminated": terminated}}]}
+
+    def _set_pod_phase(self, d: Driver, phase: str, extra: dict[str, Any] | None = None) -> None:
         try:
-            self.core.patch_namespaced_pod_status(self._pod_name(d), d.namespace, {"status": {"phase": phase}})
+            self.core.patch_namespaced_pod_status(self._pod_name(d), d.namespace,
+                                                  {"status": {"phase": phase, **(extra or {})}})
         except ApiException as e:
             if e.status != 404:
                 raise

@@ -7,17 +7,23 @@ uncompressed cache), while this machine's 24 GiB are shared with Spark, Kafka an
 
 stop() and start() can be called again and again: the ports and the data folder stay the same,
 so tests can take ClickHouse away mid-run and bring it back with its tables intact.
+
+With ``tls=`` the server also listens with TLS on ``secure_port`` (18.16 supports ``tcp_port_secure``
+with an ``openSSL`` server section), and ``users=`` adds password users: what the security tests use.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from xml.sax.saxutils import escape
 
 from glasspipe_dev.paths import NotInstalledError
 from glasspipe_dev.process import RestartableServer, ServerProcess, free_ports, log_tail, port_open
+from glasspipe_dev.tls import CertAndKey
 from glasspipe_job.clickhouse.mechanism import parse_version
 
 if TYPE_CHECKING:
@@ -42,7 +48,7 @@ _CONFIG = """<?xml version="1.0"?>
     </logger>
     <listen_host>127.0.0.1</listen_host>
     <tcp_port>{tcp_port}</tcp_port>
-    <http_port>{http_port}</http_port>
+    <http_port>{http_port}</http_port>{secure}
     <max_connections>256</max_connections>
     <keep_alive_timeout>3</keep_alive_timeout>
     <max_concurrent_queries>64</max_concurrent_queries>
@@ -90,7 +96,7 @@ _USERS = """<?xml version="1.0"?>
             </networks>
             <profile>default</profile>
             <quota>default</quota>
-        </default>
+        </default>{extra_users}
     </users>
     <quotas>
         <default>
@@ -106,6 +112,34 @@ _USERS = """<?xml version="1.0"?>
     </quotas>
 </yandex>
 """
+
+
+# TLS on the secure native port (ClickHouse 18.16 has it: tcp_port_secure and Poco's openSSL section). The
+# server presents its certificate; clients verify it against their CA (no client certificates here).
+_SECURE = """
+    <tcp_port_secure>{port}</tcp_port_secure>
+    <openSSL>
+        <server>
+            <certificateFile>{cert}</certificateFile>
+            <privateKeyFile>{key}</privateKeyFile>
+            <verificationMode>none</verificationMode>
+            <loadDefaultCAFile>false</loadDefaultCAFile>
+            <cacheSessions>true</cacheSessions>
+            <disableProtocols>sslv2,sslv3,tlsv1,tlsv1_1</disableProtocols>
+            <preferServerCiphers>true</preferServerCiphers>
+        </server>
+    </openSSL>"""
+
+_USER = """
+        <{name}>
+            <password>{password}</password>
+            <networks>
+                <ip>127.0.0.1</ip>
+                <ip>::1</ip>
+            </networks>
+            <profile>default</profile>
+            <quota>default</quota>
+        </{name}>"""
 
 
 def find_server_binary() -> Path:
@@ -129,7 +163,11 @@ class ClickHouseServer(RestartableServer):
         max_memory_mib: int = 2048,
         log_level: str = "information",
         start_timeout: float = 60.0,
+        tls: CertAndKey | None = None,
+        users: Mapping[str, str] | None = None,
     ) -> None:
+        """``tls``: also listen with TLS on ``secure_port`` with this certificate; ``users``: extra users
+        (name -> password) besides ``default`` (no password), allowed from loopback."""
         self.binary = find_server_binary()
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gp-clickhouse-"))
@@ -137,7 +175,13 @@ class ClickHouseServer(RestartableServer):
         self.log_dir = self.workdir / "log"
         self.config_path = self.workdir / "config.xml"
         self.users_path = self.workdir / "users.xml"
-        self.port, self.http_port = free_ports(2)
+        self.tls = tls
+        self.users = dict(users or {})
+        self.secure_port: int | None = None
+        if tls is not None:
+            self.port, self.http_port, self.secure_port = free_ports(3)
+        else:
+            self.port, self.http_port = free_ports(2)
         self.start_timeout = start_timeout
         self._settings = {
             "mark_cache_size": mark_cache_mib * _MiB,
@@ -161,18 +205,21 @@ class ClickHouseServer(RestartableServer):
                 data_dir=self.data_dir,
                 log_dir=self.log_dir,
                 users_xml=self.users_path,
+                secure=_SECURE.format(port=self.secure_port, cert=self.tls.cert, key=self.tls.key) if self.tls else "",
                 **self._settings,
             )
         )
-        self.users_path.write_text(_USERS.format(**self._settings))
+        extra = "".join(_USER.format(name=n, password=escape(p)) for n, p in sorted(self.users.items()))
+        self.users_path.write_text(_USERS.format(extra_users=extra, **self._settings))
 
     def start(self) -> ClickHouseServer:
         """Start (or start again after stop()/kill()) on the same ports and data; wait for SELECT 1."""
         if self.running():
             return self
         self._write_config()
-        for port in (self.port, self.http_port):
-            self._wait_port_free(port)
+        for port in (self.port, self.http_port, self.secure_port):
+            if port is not None:
+                self._wait_port_free(port)
         self._process = ServerProcess(
             "clickhouse-server",
             [str(self.binary), f"--config-file={self.config_path}"],
@@ -197,6 +244,15 @@ class ClickHouseServer(RestartableServer):
     def url(self) -> str:
         """The native-protocol address in the form clickhouse-driver's Client.from_url accepts."""
         return f"clickhouse://{self.host}:{self.port}/default"
+
+    def secure_client(self, ca_certs: str, database: str = "default", **kwargs: Any) -> Client:
+        """A client over TLS on the secure native port, verifying the server against ``ca_certs``."""
+        from clickhouse_driver import Client
+
+        if self.secure_port is None:
+            raise RuntimeError("this ClickHouseServer was started without tls")
+        return Client(host=self.host, port=self.secure_port, database=database, secure=True, verify=True,
+                      ca_certs=ca_certs, **kwargs)
 
     @property
     def http_url(self) -> str:

@@ -159,13 +159,18 @@ class KafkaServer(RestartableServer):
 
     def _format(self) -> None:
         """`StorageTool format` writes meta.properties with the cluster id: once per data folder."""
-        argv = self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.config_path))
+        argv = self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", str(self.config_path),
+                          *self._format_args())
         result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=self.workdir)
         if result.returncode != 0:
             raise RuntimeError(
                 f"kafka StorageTool format failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
             )
         self._formatted = True
+
+    def _format_args(self) -> list[str]:
+        """Extra StorageTool format arguments (SecureKafkaServer adds its SCRAM users)."""
+        return []
 
     def start(self) -> KafkaServer:
         """Start (or start again after stop()/kill()) on the same ports and data; wait for metadata."""

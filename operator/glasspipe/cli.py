@@ -117,6 +117,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=int, help="override spec.replicas")
     p.add_argument("--available-now", action="store_true", help="process what is in the topics, then stop")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: none)")
+    p.add_argument("--secrets-dir", help="folder with the Secrets the spec references, as DIR/<secret>/<key> files "
+                   "(what a pod gets from the kubelet); see docs/security.md")
     p.set_defaults(func=cmd_run)
     return parser
 

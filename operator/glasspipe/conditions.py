@@ -128,10 +128,13 @@ class ObservedApp:
     error_message: str = ""
     current: bool = True  # its spec-hash matches the render of the current spec
     deleting: bool = False
+    driver_message: str = ""  # what the failed driver left as its termination message
 
 
-def observe_app(obj: dict[str, Any], index: int, current: bool) -> ObservedApp:
-    """Read the parts of a SparkApplication's status that matter to us."""
+def observe_app(obj: dict[str, Any], index: int, current: bool,
+                driver_messages: dict[str, str] | None = None) -> ObservedApp:
+    """Read the parts of a SparkApplication's status that matter to us (``driver_messages``: by the
+    application's uid, see ``termination_messages``)."""
     return ObservedApp(
         name=obj["metadata"]["name"],
         index=index,
@@ -139,7 +142,26 @@ def observe_app(obj: dict[str, Any], index: int, current: bool) -> ObservedApp:
         error_message=app_error_message(obj),
         current=current,
         deleting=bool(obj["metadata"].get("deletionTimestamp")),
+        driver_message=(driver_messages or {}).get(str(obj["metadata"].get("uid")), ""),
     )
+
+
+def termination_messages(pods: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """SparkApplication uid -> the termination message of its terminated driver container.
+
+    spark-operator's ``errorMessage`` only says "driver container failed with ExitCode: 1, Reason: Error";
+    the glasspipe job writes why it stopped (one line, no secrets) to /dev/termination-log, which the
+    kubelet keeps in the container status."""
+    out: dict[str, str] = {}
+    for pod in pods:
+        owners = [r.get("uid") for r in (pod.get("metadata") or {}).get("ownerReferences") or []
+                  if r.get("kind") == "SparkApplication"]
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            for state in (cs.get("state"), cs.get("lastState")):
+                message = ((state or {}).get("terminated") or {}).get("message")
+                if message and owners:
+                    out.setdefault(str(owners[0]), str(message).strip()[:MAX_MESSAGE])
+    return out
 
 
 @dataclass
@@ -156,8 +178,9 @@ def replica_statuses(apps: Sequence[ObservedApp]) -> list[dict[str, Any]]:
     out = []
     for a in sorted(apps, key=lambda a: (a.index, a.name)):
         entry: dict[str, Any] = {"index": a.index, "application": a.name, "state": a.state}
-        if a.error_message:
-            entry["message"] = a.error_message[:MAX_MESSAGE]
+        message = "; ".join(m for m in (a.driver_message, a.error_message) if m)
+        if message:
+            entry["message"] = message[:MAX_MESSAGE]
         out.append(entry)
     return out
 
@@ -166,7 +189,11 @@ def _failure_message(apps: Sequence[ObservedApp]) -> str:
     parts = []
     for a in apps:
         text = f"replica {a.name} is {a.state}"
-        if a.error_message:
+        if a.driver_message:  # the job's own words first: spark-operator's only say how the driver exited
+            text += f": {a.driver_message}"
+            if a.error_message:
+                text += f" ({a.error_message})"
+        elif a.error_message:
             text += f": {a.error_message}"
         parts.append(text)
     return "; ".join(parts)

@@ -5,9 +5,9 @@ spelled once: the environment variables that carry Secret values, the files Secr
 as, the job-config JSON (writer and reader as a pair), the Spark settings the job relies on and the
 default consumer group. Pure; it imports only the API models.
 
-To hand the job another secret (a Kafka client certificate, ClickHouse TLS material), add a
-``SecretEnv`` to ``secret_env`` or a ``SecretFile`` to ``secret_files``: the render mounts it, and the
-job finds it through the same function.
+To hand the job another secret, add a ``SecretEnv`` to ``secret_env`` or a ``SecretFile`` to
+``secret_files``: the render mounts it, and the job finds it through the same function. Secret values
+never pass through here: only Secret names, keys, env var names and file paths (docs/security.md).
 """
 
 from __future__ import annotations
@@ -36,40 +36,57 @@ def kafka_env(source: str, what: str) -> str:
 
 @dataclass(frozen=True)
 class SecretEnv:
-    """An env var of the Spark pods set from a Secret key (``valueFrom.secretKeyRef``)."""
+    """An env var of the Spark pods set from a Secret key (``valueFrom.secretKeyRef``); ``field`` is the
+    spec field that references it (for error messages: they name the field, never the value)."""
 
     var: str
     secret: str
     key: str
+    field: str = ""
+
+
+def _source_path(spec: models.GlassPipelineSpec, source: models.Source) -> str:
+    return f"spec.sources[{spec.sources.index(source)}].kafka.security"
 
 
 def secret_env(spec: models.GlassPipelineSpec) -> list[SecretEnv]:
     """Every Secret value the job reads from its environment, in render order."""
     env: list[SecretEnv] = []
-    creds = spec.sink.clickhouse.credentials_secret_ref
-    if creds is not None:
-        env.append(SecretEnv(ENV_CLICKHOUSE_USER, creds.name, creds.username_key))
-        env.append(SecretEnv(ENV_CLICKHOUSE_PASSWORD, creds.name, creds.password_key))
+    ch = spec.sink.clickhouse
+    if ch.user_secret_ref is not None:
+        env.append(SecretEnv(ENV_CLICKHOUSE_USER, ch.user_secret_ref.name, ch.user_secret_ref.key,
+                             "spec.sink.clickhouse.userSecretRef"))
+    if ch.password_secret_ref is not None:
+        env.append(SecretEnv(ENV_CLICKHOUSE_PASSWORD, ch.password_secret_ref.name, ch.password_secret_ref.key,
+                             "spec.sink.clickhouse.passwordSecretRef"))
     for source in spec.sources:
-        kc = source.kafka.security.credentials_secret_ref
-        if kc is not None:
-            env.append(SecretEnv(kafka_env(source.name, "username"), kc.name, kc.username_key))
-            env.append(SecretEnv(kafka_env(source.name, "password"), kc.name, kc.password_key))
+        sasl = source.kafka.security.sasl
+        if sasl is not None:
+            path = f"{_source_path(spec, source)}.sasl"
+            env.append(SecretEnv(kafka_env(source.name, "username"), sasl.username_secret_ref.name,
+                                 sasl.username_secret_ref.key, f"{path}.usernameSecretRef"))
+            env.append(SecretEnv(kafka_env(source.name, "password"), sasl.password_secret_ref.name,
+                                 sasl.password_secret_ref.key, f"{path}.passwordSecretRef"))
     return env
 
 
 # ------------------------------------------------------------------------------ secrets as files
 
-SECRET_FILES_DIR = "/etc/glasspipe/ca"
+SECRET_FILES_DIR = "/etc/glasspipe/secrets"
+# Outside a pod (``glasspipe run``, the e2e stand-in) the Secret files live under another folder; the job
+# reads them there when this env var names it. The render always uses SECRET_FILES_DIR.
+ENV_SECRET_FILES_DIR = "GLASSPIPE_SECRET_FILES_DIR"
 
 
 @dataclass(frozen=True)
 class SecretFile:
-    """A Secret key mounted into the Spark pods as the file ``path`` (volume ``volume`` at ``directory``)."""
+    """A Secret key mounted into the Spark pods as the file ``path`` (volume ``volume`` at ``directory``);
+    ``field`` is the spec field that references it."""
 
     volume: str
     secret: str
     key: str
+    field: str = ""
 
     @property
     def directory(self) -> str:
@@ -79,32 +96,72 @@ class SecretFile:
     def path(self) -> str:
         return f"{self.directory}/{self.key}"
 
+    def path_under(self, root: str) -> str:
+        """The file's path when the Secret files are under ``root`` instead of SECRET_FILES_DIR."""
+        return f"{root.rstrip('/')}/{self.volume}/{self.key}"
+
+
+def _file(volume: str, ref: models.SecretKeyRef | None, field: str) -> SecretFile | None:
+    return None if ref is None else SecretFile(volume, ref.name, ref.key, field)
+
 
 def clickhouse_ca(spec: models.GlassPipelineSpec) -> SecretFile | None:
     """The CA bundle the sink verifies ClickHouse's certificate with (``sink.clickhouse.caSecretRef``)."""
-    ref = spec.sink.clickhouse.ca_secret_ref
-    return None if ref is None else SecretFile("clickhouse-ca", ref.name, ref.key)
+    return _file("clickhouse-ca", spec.sink.clickhouse.ca_secret_ref, "spec.sink.clickhouse.caSecretRef")
 
 
-def kafka_ca(source: models.Source) -> SecretFile | None:
-    """The CA bundle of a source's Kafka (``kafka.security.caSecretRef``), for Spark and librdkafka."""
-    ref = source.kafka.security.ca_secret_ref
-    return None if ref is None else SecretFile(f"kafka-{source.name.replace('_', '-')}-ca", ref.name, ref.key)
+@dataclass(frozen=True)
+class KafkaTlsFiles:
+    """A source's TLS material as files: the CA bundle and, for mutual TLS, the client certificate and key."""
+
+    ca: SecretFile | None = None
+    client_cert: SecretFile | None = None
+    client_key: SecretFile | None = None
+
+    def all(self) -> list[SecretFile]:
+        return [f for f in (self.ca, self.client_cert, self.client_key) if f is not None]
+
+
+def kafka_tls(spec: models.GlassPipelineSpec, source: models.Source) -> KafkaTlsFiles:
+    """The files of ``kafka.security.tls`` of a source, for Spark's Kafka connector and librdkafka."""
+    tls = source.kafka.security.tls
+    if tls is None:
+        return KafkaTlsFiles()
+    volume = f"kafka-{source.name.replace('_', '-')}"
+    path = f"{_source_path(spec, source)}.tls"
+    return KafkaTlsFiles(
+        ca=_file(f"{volume}-ca", tls.ca_secret_ref, f"{path}.caSecretRef"),
+        client_cert=_file(f"{volume}-client-cert", tls.client_cert_secret_ref, f"{path}.clientCertSecretRef"),
+        client_key=_file(f"{volume}-client-key", tls.client_key_secret_ref, f"{path}.clientKeySecretRef"),
+    )
 
 
 def secret_files(spec: models.GlassPipelineSpec) -> list[SecretFile]:
     """Every Secret file the job reads, in render order."""
-    files = [clickhouse_ca(spec), *(kafka_ca(s) for s in spec.sources)]
+    files = [clickhouse_ca(spec), *(f for s in spec.sources for f in kafka_tls(spec, s).all())]
     return [f for f in files if f is not None]
 
 
+# ------------------------------------------------------------------------------ why a replica stopped
+
+# The job writes one line (no secret) here when it fails; Kubernetes keeps it in the driver container's
+# status (terminated.message) and the operator shows it in the pipeline's Degraded condition.
+TERMINATION_LOG = "/dev/termination-log"
+ENV_TERMINATION_LOG = "GLASSPIPE_TERMINATION_LOG"  # another file, outside a pod (the e2e stand-in)
+
+
 # ------------------------------------------------------------------------------ Spark and Kafka
+
+SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|sasl[.]jaas|ssl[.]keystore[.]key"
 
 # Spark settings the job relies on (the dedup operator's transformWithState needs RocksDB).
 REQUIRED_SPARK_CONF: dict[str, str] = {
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # Spark's default plus the Kafka options that carry credentials (the SASL JAAS config holds the password,
+    # ssl.keystore.key the mTLS private key): redacted wherever Spark prints options or its configuration.
+    "spark.redaction.regex": SPARK_REDACTION_REGEX,
 }
 
 

@@ -11,9 +11,47 @@ from glasspipe import contract
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe.api.validation import OutputColumn, validate_spec
+from glasspipe_job.failure import JobFailure
 
 
-class UnsupportedPipeline(Exception):
+class SecretMissing(JobFailure):
+    """A Secret file the render mounts is not there (a run outside Kubernetes without it)."""
+
+
+def secret_file_path(f: contract.SecretFile) -> str:
+    """Where the job finds a Secret file: the render's mount path, or under GLASSPIPE_SECRET_FILES_DIR."""
+    root = os.environ.get(contract.ENV_SECRET_FILES_DIR)
+    return f.path_under(root) if root else f.path
+
+
+def read_secret_file(f: contract.SecretFile) -> str:
+    path = secret_file_path(f)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as e:
+        raise SecretMissing(f"{f.field}: cannot read key {f.key!r} of Secret {f.secret!r} at {path}: "
+                            f"{e.strerror or e}") from None
+
+
+def read_pkcs8_key(f: contract.SecretFile) -> str:
+    """A private key in the PKCS#8 PEM form Kafka's Java client reads (librdkafka reads more forms)."""
+    text = read_secret_file(f)
+    if "-----BEGIN PRIVATE KEY-----" not in text:
+        kind = "encrypted PKCS#8" if "ENCRYPTED PRIVATE KEY" in text else "PKCS#1 or SEC1" if (
+            "RSA PRIVATE KEY" in text or "EC PRIVATE KEY" in text) else "not a PEM private key"
+        raise SecretMissing(f"{f.field}: key {f.key!r} of Secret {f.secret!r} is {kind}; Kafka's Java client "
+                            "needs an unencrypted PKCS#8 key (-----BEGIN PRIVATE KEY-----): convert it with "
+                            "`openssl pkcs8 -topk8 -nocrypt -in tls.key -out tls.pkcs8.key` and store that")
+    return text
+
+
+def jaas_quote(value: str) -> str:
+    """A value inside a double-quoted JAAS option (Kafka parses it with StreamTokenizer: backslash escapes)."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+class UnsupportedPipeline(JobFailure):
     """The spec asks for something this job version cannot run; the message says what."""
 
 
@@ -49,37 +87,56 @@ class JobConfig:
         return parse_duration_ms(self.spec.sink.clickhouse.batching.max_delay)
 
     def kafka_options(self, source: models.Source) -> dict[str, str]:
-        """``kafka.*`` client options for a source, with SASL credentials from the environment."""
+        """``kafka.*`` options of Spark's Kafka connector for a source: SASL credentials from the environment,
+        TLS files from the Secret mounts. The client certificate and key go inline (Kafka's PEM key store
+        wants them in one file; the mounts hold them apart): spark.redaction.regex hides them, and the
+        SASL JAAS config, from Spark's logs and plans (contract.REQUIRED_SPARK_CONF)."""
         sec = source.kafka.security
         opts = {"kafka.bootstrap.servers": source.kafka.bootstrap_servers, "kafka.security.protocol": sec.protocol}
-        if sec.sasl_mechanism:
-            user, password = self._sasl_credentials(source)
-            module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl_mechanism == "PLAIN"
+        if sec.sasl is not None:
+            user, password = self.sasl_credentials(source)
+            module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl.mechanism == "PLAIN"
                       else "org.apache.kafka.common.security.scram.ScramLoginModule")
-            opts["kafka.sasl.mechanism"] = sec.sasl_mechanism
-            opts["kafka.sasl.jaas.config"] = f'{module} required username="{user}" password="{password}";'
-        ca = contract.kafka_ca(source)
-        if ca is not None:
+            opts["kafka.sasl.mechanism"] = sec.sasl.mechanism
+            opts["kafka.sasl.jaas.config"] = (
+                f'{module} required username="{jaas_quote(user)}" password="{jaas_quote(password)}";')
+        tls = contract.kafka_tls(self.spec, source)
+        if tls.ca is not None:
             opts["kafka.ssl.truststore.type"] = "PEM"
-            opts["kafka.ssl.truststore.location"] = ca.path
+            opts["kafka.ssl.truststore.location"] = secret_file_path(tls.ca)
+        if tls.client_cert is not None and tls.client_key is not None:
+            opts["kafka.ssl.keystore.type"] = "PEM"
+            opts["kafka.ssl.keystore.certificate.chain"] = read_secret_file(tls.client_cert)
+            opts["kafka.ssl.keystore.key"] = read_pkcs8_key(tls.client_key)
         return opts
 
     def librdkafka_options(self, source: models.Source) -> dict[str, str]:
         """The same connection settings for confluent-kafka (offset commits, dead letters, warm-up reads)."""
         sec = source.kafka.security
         opts = {"bootstrap.servers": source.kafka.bootstrap_servers, "security.protocol": sec.protocol}
-        if sec.sasl_mechanism:
-            opts["sasl.mechanism"] = sec.sasl_mechanism
-            opts["sasl.username"], opts["sasl.password"] = self._sasl_credentials(source)
-        ca = contract.kafka_ca(source)
-        if ca is not None:
-            opts["ssl.ca.location"] = ca.path
+        if sec.sasl is not None:
+            opts["sasl.mechanism"] = sec.sasl.mechanism
+            opts["sasl.username"], opts["sasl.password"] = self.sasl_credentials(source)
+        tls = contract.kafka_tls(self.spec, source)
+        if tls.ca is not None:
+            opts["ssl.ca.location"] = secret_file_path(tls.ca)
+        elif sec.protocol in models.TLS_PROTOCOLS:
+            opts["ssl.ca.location"] = "probe"  # the system CAs, wherever this image keeps them
+        if tls.client_cert is not None and tls.client_key is not None:
+            opts["ssl.certificate.location"] = secret_file_path(tls.client_cert)
+            opts["ssl.key.location"] = secret_file_path(tls.client_key)
         return opts
 
     @staticmethod
-    def _sasl_credentials(source: models.Source) -> tuple[str, str]:
+    def sasl_credentials(source: models.Source) -> tuple[str, str]:
+        """(user name, password) of a source's SASL login, from the env vars the render sets."""
         return (os.environ.get(contract.kafka_env(source.name, "username"), ""),
                 os.environ.get(contract.kafka_env(source.name, "password"), ""))
+
+    def secret_values(self) -> list[str]:
+        """The passwords this job holds: what ``redact`` takes out of any message before it is printed."""
+        names = [contract.ENV_CLICKHOUSE_PASSWORD, *(contract.kafka_env(s.name, "password") for s in self.spec.sources)]
+        return [v for v in (os.environ.get(n, "") for n in names) if v]
 
     @property
     def clickhouse_credentials(self) -> tuple[str, str]:
@@ -90,7 +147,7 @@ class JobConfig:
     def clickhouse_ca_file(self) -> str | None:
         """The CA bundle the render mounted for the sink, if any."""
         ca = contract.clickhouse_ca(self.spec)
-        return None if ca is None else ca.path
+        return None if ca is None else secret_file_path(ca)
 
     @property
     def spark_conf(self) -> dict[str, str]:

@@ -31,6 +31,8 @@ def apply_overrides(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, 
 
 def run_local(args: argparse.Namespace) -> int:
     from glasspipe_job.config import UnsupportedPipeline, config_from_resource, load_job_config
+    from glasspipe_job.connections import check_connections
+    from glasspipe_job.failure import report_exception
     from glasspipe_job.runner import run_pipeline
     from glasspipe_job.session import local_session
 
@@ -44,15 +46,24 @@ def run_local(args: argparse.Namespace) -> int:
     except (OSError, yaml.YAMLError, KeyError, TypeError) as e:
         print(f"{args.file}: cannot read a GlassPipeline from it: {e}", file=sys.stderr)
         return 2
-    spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", config.spark_conf)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
+    if getattr(args, "secrets_dir", None):
+        from glasspipe_job.local_secrets import LocalSecretMissing, load_local_secrets
+
+        try:
+            load_local_secrets(config.spec, Path(args.secrets_dir))
+        except LocalSecretMissing as e:
+            print(f"{args.file}: {e}", file=sys.stderr)
+            return 2
     try:
+        check_connections(config)  # a wrong Secret says so in seconds, before the JVM starts
+        spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", config.spark_conf)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
         metrics = run_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port,
                                stop=stop)
-    except UnsupportedPipeline as e:
-        print(f"glasspipe: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # one line, without secrets, as a driver pod reports it
+        report_exception(e, config.secret_values())
+        return 2 if isinstance(e, UnsupportedPipeline) else 1
     from glasspipe_job.metrics import drain_listener_events
 
     drain_listener_events(spark)

@@ -8,9 +8,13 @@ import signal
 import sys
 import threading
 
+from pyspark.sql import SparkSession
+
 from glasspipe.api.validation import SpecInvalid
 from glasspipe.contract import CONFIG_ARGUMENT
-from glasspipe_job.config import UnsupportedPipeline, load_job_config
+from glasspipe_job.config import JobConfig, UnsupportedPipeline, load_job_config
+from glasspipe_job.connections import check_connections
+from glasspipe_job.failure import report, report_exception
 from glasspipe_job.runner import run_pipeline
 from glasspipe_job.session import local_session, spark_session
 
@@ -27,18 +31,25 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_job_config(args.config_json)
     except SpecInvalid as e:
-        print(f"glasspipe: invalid pipeline spec: {e}", file=sys.stderr)
+        report(f"invalid pipeline spec: {e}", ())
         return 2
-    app_name = f"glasspipe-{config.pipeline}-{config.replica}"
-    spark = local_session(app_name, config.spark_conf) if args.local else spark_session(app_name, config.spark_conf)
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())  # driver pod deleted: stop between micro-batches
     try:
+        check_connections(config)  # a wrong Secret says so here, before a JVM starts or anything is read
+        spark = _session(config, args.local)
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())  # driver pod deleted: stop between micro-batches
         run_pipeline(spark, config, metrics_port=args.metrics_port, stop=stop)
-    except UnsupportedPipeline as e:
-        print(f"glasspipe: {e}", file=sys.stderr)
-        return 2
+    except Exception as e:  # whatever stops the replica: one line, without secrets, where Kubernetes shows it
+        report_exception(e, config.secret_values())
+        return 2 if isinstance(e, UnsupportedPipeline) else 1
     return 0
+
+
+def _session(config: JobConfig, local: bool) -> SparkSession:
+    app_name = f"glasspipe-{config.pipeline}-{config.replica}"
+    if local:
+        return local_session(app_name, config.spark_conf)
+    return spark_session(app_name, config.spark_conf)
 
 
 if __name__ == "__main__":

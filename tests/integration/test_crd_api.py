@@ -50,7 +50,8 @@ def test_examples_are_accepted_and_defaulted(api: KubeAPIServer, path: Path) -> 
     # defaults from the schema are filled in by the API server
     assert spec["suspend"] is False
     assert spec["spark"]["shufflePartitions"] == 4
-    assert spec["sources"][0]["kafka"]["security"]["protocol"] == "PLAINTEXT"
+    given = doc["spec"]["sources"][0]["kafka"].get("security", {})
+    assert spec["sources"][0]["kafka"]["security"] == {"protocol": "PLAINTEXT", **given}  # no tls: {} added
     assert spec["sink"]["clickhouse"]["batching"]["maxRows"] >= 1
 
 
@@ -94,11 +95,37 @@ INVALID = [
     ("join-window-too-long", "orders-users-join.yaml", _set("spec.join.window", "8d"),
      "join.window must be greater than 0 and at most 7d"),
     ("sasl-without-credentials", "sms-dedup.yaml",
-     _set("spec.sources.0.kafka.security", {"protocol": "SASL_SSL", "saslMechanism": "PLAIN"}),
-     "SASL protocols need saslMechanism and credentialsSecretRef"),
+     _set("spec.sources.0.kafka.security", {"protocol": "SASL_SSL"}),
+     "security.protocol SASL_PLAINTEXT and SASL_SSL need security.sasl (mechanism, usernameSecretRef, "
+     "passwordSecretRef)"),
+    ("sasl-without-password", "sms-dedup.yaml",
+     _set("spec.sources.0.kafka.security", {"protocol": "SASL_SSL", "sasl": {
+         "mechanism": "PLAIN", "usernameSecretRef": {"name": "u", "key": "username"}}}),
+     "passwordSecretRef: Required value"),
     ("bad-sasl-mechanism", "sms-dedup.yaml",
-     _set("spec.sources.0.kafka.security", {"protocol": "SASL_SSL", "saslMechanism": "GSSAPI",
-                                            "credentialsSecretRef": {"name": "x"}}), "saslMechanism"),
+     _set("spec.sources.0.kafka.security", {"protocol": "SASL_SSL", "sasl": {
+         "mechanism": "GSSAPI", "usernameSecretRef": {"name": "u", "key": "username"},
+         "passwordSecretRef": {"name": "u", "key": "password"}}}), "mechanism"),
+    ("sasl-on-ssl", "sms-dedup.yaml",
+     _set("spec.sources.0.kafka.security", {"protocol": "SSL", "sasl": {
+         "mechanism": "PLAIN", "usernameSecretRef": {"name": "u", "key": "username"},
+         "passwordSecretRef": {"name": "u", "key": "password"}}}),
+     "security.sasl is only used with protocol SASL_PLAINTEXT or SASL_SSL"),
+    ("tls-on-plaintext", "sms-dedup.yaml",
+     _set("spec.sources.0.kafka.security", {"protocol": "PLAINTEXT", "tls": {"caSecretRef": {
+         "name": "ca", "key": "ca.crt"}}}), "security.tls is only used with protocol SSL or SASL_SSL"),
+    ("client-cert-without-key", "sms-dedup.yaml",
+     _set("spec.sources.0.kafka.security", {"protocol": "SSL", "tls": {"clientCertSecretRef": {
+         "name": "client", "key": "tls.crt"}}}),
+     "tls.clientCertSecretRef and tls.clientKeySecretRef go together (mutual TLS): give both or neither"),
+    ("inline-password", "sms-dedup.yaml",
+     _set("spec.sink.clickhouse.password", "hunter2"), 'unknown field "spec.sink.clickhouse.password"'),
+    ("clickhouse-ca-without-secure", "sms-dedup.yaml",
+     _set("spec.sink.clickhouse.caSecretRef", {"name": "ch-ca", "key": "ca.crt"}),
+     "sink.clickhouse.caSecretRef is only used with secure: true"),
+    ("bad-secret-name", "sms-dedup.yaml",
+     _set("spec.sink.clickhouse.passwordSecretRef", {"name": "CH_Creds", "key": "password"}),
+     "spec.sink.clickhouse.passwordSecretRef.name"),
     ("event-time-field-undeclared", "sms-dedup.yaml", _set("spec.sources.0.eventTime.field", "created"),
      "eventTime.field must name a field declared in schema.fields"),
     ("column-from-and-expression", "filter-mapping.yaml",

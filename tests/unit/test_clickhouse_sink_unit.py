@@ -248,7 +248,10 @@ def test_permanent_error_message_names_table_and_fix() -> None:
     )
     assert "`db`.`t`" in msg and "createTable: true" in msg and "Stack trace" not in msg
     msg = describe_error(errors.ServerException("Wrong password for user bob", 193), "db", "t")
-    assert "credentialsSecretRef" in msg
+    assert "Wrong password for user bob" in msg and "spec.sink.clickhouse.passwordSecretRef" in msg
+    tls = describe_error(errors.NetworkError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable "
+                                             "to get local issuer certificate (127.0.0.1:9440)"), "db", "t")
+    assert "spec.sink.clickhouse.caSecretRef" in tls and "127.0.0.1:9440" in tls
 
 
 # ------------------------------------------------------------------------------------ value conversion

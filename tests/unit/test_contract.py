@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ def tls_doc() -> dict[str, Any]:
     doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
     doc["spec"]["sink"]["clickhouse"].update(secure=True, caSecretRef={"name": "ch-ca", "key": "ca.crt"})
     doc["spec"]["sources"][0]["kafka"]["security"] = {
-        "protocol": "SSL", "caSecretRef": {"name": "kafka-ca", "key": "root.pem"}}
+        "protocol": "SSL", "tls": {"caSecretRef": {"name": "kafka-ca", "key": "root.pem"}}}
     return doc
 
 
@@ -51,7 +52,7 @@ def test_the_rendered_clickhouse_ca_reaches_the_sink() -> None:
     files, config = rendered()
     connection = make_table(config).connection  # the sink writes through its table's connection
     assert connection.secure is True
-    assert connection.ca_file == files["ch-ca"] == "/etc/glasspipe/ca/clickhouse-ca/ca.crt"
+    assert connection.ca_file == files["ch-ca"] == "/etc/glasspipe/secrets/clickhouse-ca/ca.crt"
 
 
 def test_the_rendered_kafka_ca_reaches_spark_and_librdkafka() -> None:
@@ -66,21 +67,62 @@ def test_the_rendered_kafka_ca_reaches_spark_and_librdkafka() -> None:
     assert rdkafka["ssl.ca.location"] == files["kafka-ca"]
 
 
-def test_the_job_reads_secret_values_from_the_env_vars_the_render_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+def sasl_mtls_doc() -> dict[str, Any]:
+    """tls_doc with SASL_SSL, a client certificate and a ClickHouse password user."""
     doc = tls_doc()
-    doc["spec"]["sink"]["clickhouse"]["credentialsSecretRef"] = {"name": "ch-creds"}
-    doc["spec"]["sources"][0]["kafka"]["security"].update(
-        protocol="SASL_SSL", saslMechanism="SCRAM-SHA-256", credentialsSecretRef={"name": "kafka-creds"})
-    [app] = render_spark_applications("ns", "sms", "uid", validate_resource(doc)[0])
+    doc["spec"]["sink"]["clickhouse"].update(userSecretRef={"name": "ch-creds", "key": "user"},
+                                             passwordSecretRef={"name": "ch-creds", "key": "password"})
+    doc["spec"]["sources"][0]["kafka"]["security"].update(protocol="SASL_SSL", sasl={
+        "mechanism": "SCRAM-SHA-256", "usernameSecretRef": {"name": "kafka-creds", "key": "username"},
+        "passwordSecretRef": {"name": "kafka-creds", "key": "password"}})
+    doc["spec"]["sources"][0]["kafka"]["security"]["tls"].update(
+        clientCertSecretRef={"name": "kafka-client", "key": "tls.crt"},
+        clientKeySecretRef={"name": "kafka-client", "key": "tls.key"})
+    return doc
+
+
+def test_the_job_reads_secret_values_from_the_env_vars_the_render_sets(monkeypatch: pytest.MonkeyPatch) -> None:
+    [app] = render_spark_applications("ns", "sms", "uid", validate_resource(sasl_mtls_doc())[0])
     for e in app["spec"]["driver"]["template"]["spec"]["containers"][0]["env"]:
         ref = e["valueFrom"]["secretKeyRef"]
         monkeypatch.setenv(e["name"], f"{ref['name']}/{ref['key']}")  # what the kubelet would put there
     config = load_job_config(app["spec"]["arguments"][1])
-    assert config.clickhouse_credentials == ("ch-creds/username", "ch-creds/password")
+    assert config.clickhouse_credentials == ("ch-creds/user", "ch-creds/password")
     rdkafka = config.librdkafka_options(config.spec.sources[0])
     assert (rdkafka["sasl.mechanism"], rdkafka["sasl.username"], rdkafka["sasl.password"]) == (
         "SCRAM-SHA-256", "kafka-creds/username", "kafka-creds/password")
-    assert 'username="kafka-creds/username"' in config.kafka_options(config.spec.sources[0])["kafka.sasl.jaas.config"]
+    assert sorted(config.secret_values()) == ["ch-creds/password", "kafka-creds/password"]
+
+
+def test_the_rendered_client_certificate_reaches_spark_and_librdkafka(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutual TLS: librdkafka reads the mounted files; Spark's Java client gets the PEM text inline (its PEM
+    key store wants key and chain in one file, the mounts hold them apart)."""
+    [app] = render_spark_applications("ns", "sms", "uid", validate_resource(sasl_mtls_doc())[0])
+    files = mounted_files(app)
+    assert files["kafka-client"].startswith(contract.SECRET_FILES_DIR)
+    # play the kubelet under another root, as glasspipe run and the e2e stand-in do
+    pod = app["spec"]["driver"]["template"]["spec"]
+    items = {v["name"]: v["secret"] for v in pod["volumes"]}
+    for mount in pod["containers"][0]["volumeMounts"]:
+        secret = items[mount["name"]]
+        local = tmp_path / mount["mountPath"].removeprefix(contract.SECRET_FILES_DIR + "/") / secret["items"][0]["path"]
+        local.parent.mkdir(parents=True)
+        local.write_text("-----BEGIN PRIVATE KEY-----\nkey\n" if local.name == "tls.key" else f"{local.name}\n")
+    monkeypatch.setenv(contract.ENV_SECRET_FILES_DIR, str(tmp_path))
+    config = load_job_config(app["spec"]["arguments"][1])
+    [source] = config.spec.sources
+    rdkafka = config.librdkafka_options(source)
+    assert rdkafka["ssl.certificate.location"] == f"{tmp_path}/kafka-sms-client-cert/tls.crt"
+    assert rdkafka["ssl.key.location"] == f"{tmp_path}/kafka-sms-client-key/tls.key"
+    assert rdkafka["ssl.ca.location"] == f"{tmp_path}/kafka-sms-ca/root.pem"
+    spark = config.kafka_options(source)
+    assert spark["kafka.ssl.keystore.type"] == "PEM"
+    assert spark["kafka.ssl.keystore.certificate.chain"] == "tls.crt\n"
+    assert spark["kafka.ssl.keystore.key"].startswith("-----BEGIN PRIVATE KEY-----")
+    redaction = re.compile(contract.SPARK_REDACTION_REGEX)
+    assert redaction.search("kafka.ssl.keystore.key") and redaction.search("kafka.sasl.jaas.config")
 
 
 def test_the_render_passes_the_spark_settings_the_job_builds_its_session_with() -> None:

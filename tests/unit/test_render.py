@@ -46,20 +46,18 @@ def test_suspend_renders_nothing() -> None:
 
 
 def test_secrets_are_referenced_never_copied() -> None:
-    spec = spec_of("sms-dedup.yaml")
-    spec.sink.clickhouse.credentials_secret_ref = spec.sink.clickhouse.credentials_secret_ref or None
-    doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
-    doc["spec"]["sink"]["clickhouse"]["credentialsSecretRef"] = {"name": "ch-creds"}
-    doc["spec"]["sources"][0]["kafka"]["security"] = {
-        "protocol": "SASL_SSL", "saslMechanism": "SCRAM-SHA-512",
-        "credentialsSecretRef": {"name": "kafka-user"}, "caSecretRef": {"name": "kafka-ca", "key": "ca.crt"}}
+    doc = yaml.safe_load((ROOT / "examples" / "secure-sms-dedup.yaml").read_text())
     [app] = render_spark_applications("ns", "p", "u", validate_resource(doc)[0])
     driver = app["spec"]["driver"]["template"]["spec"]
     env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in driver["containers"][0]["env"]}
-    assert env["GLASSPIPE_CLICKHOUSE_PASSWORD"] == {"name": "ch-creds", "key": "password"}
-    assert env["GLASSPIPE_KAFKA_SMS_PASSWORD"] == {"name": "kafka-user", "key": "password"}
-    assert driver["volumes"][0]["secret"]["secretName"] == "kafka-ca"
-    assert app["spec"]["executor"]["template"]["spec"]["containers"][0]["env"]
+    assert env["GLASSPIPE_CLICKHOUSE_PASSWORD"] == {"name": "clickhouse-writer", "key": "password"}
+    assert env["GLASSPIPE_KAFKA_SMS_PASSWORD"] == {"name": "sms-kafka-user", "key": "password"}
+    assert {v["secret"]["secretName"] for v in driver["volumes"]} == {"kafka-ca", "clickhouse-ca"}
+    assert app["spec"]["executor"]["template"]["spec"] == driver | {
+        "containers": [{**driver["containers"][0], "name": "spark-kubernetes-executor"}]}
+    # every env var that carries a Secret value is a reference, none has a literal value
+    for container in (driver, app["spec"]["executor"]["template"]["spec"]):
+        assert all("value" not in e for e in container["containers"][0]["env"])
 
 
 def test_cli_render_prints_plain_yaml(capsys: pytest.CaptureFixture[str]) -> None:

@@ -161,3 +161,63 @@ def test_cli_validate_reports_every_problem(capsys: pytest.CaptureFixture[str], 
     assert "spec.sources[0].deduplication.keys[0]: 'nope' is not a declared field" in err
     assert "Traceback" not in err
     assert main(["validate", *map(str, EXAMPLES)]) == 0
+
+
+SECURE_PROBLEMS = [
+    ({"protocol": "SASL_SSL"}, "spec.sources[0].kafka.security.sasl: protocol SASL_SSL needs sasl: add mechanism, "
+                               "usernameSecretRef and passwordSecretRef"),
+    ({"protocol": "SSL", "sasl": {"mechanism": "PLAIN", "usernameSecretRef": {"name": "u", "key": "k"},
+                                  "passwordSecretRef": {"name": "u", "key": "p"}}},
+     "spec.sources[0].kafka.security.sasl: is only used with protocol SASL_PLAINTEXT or SASL_SSL, not SSL"),
+    ({"protocol": "SASL_PLAINTEXT", "sasl": {"mechanism": "PLAIN", "usernameSecretRef": {"name": "u", "key": "k"},
+                                             "passwordSecretRef": {"name": "u", "key": "p"}},
+      "tls": {"caSecretRef": {"name": "ca", "key": "ca.crt"}}},
+     "spec.sources[0].kafka.security.tls: is only used with protocol SSL or SASL_SSL, not SASL_PLAINTEXT"),
+    ({"protocol": "SSL", "tls": {"clientCertSecretRef": {"name": "c", "key": "tls.crt"}}},
+     "spec.sources[0].kafka.security.tls: clientCertSecretRef and clientKeySecretRef go together"),
+    ({"protocol": "SASL_SSL", "sasl": {"mechanism": "GSSAPI", "usernameSecretRef": {"name": "u", "key": "k"},
+                                       "passwordSecretRef": {"name": "u", "key": "p"}}},
+     "spec.sources[0].kafka.security.sasl.mechanism: Input should be 'PLAIN', 'SCRAM-SHA-256' or 'SCRAM-SHA-512'"),
+    ({"protocol": "SASL_SSL", "sasl": {"mechanism": "PLAIN", "usernameSecretRef": {"name": "u", "key": "k"}}},
+     "spec.sources[0].kafka.security.sasl.passwordSecretRef: is required"),
+    ({"protocol": "SSL", "tls": {"caSecretRef": {"name": "Kafka_CA", "key": "ca.crt"}}},
+     "spec.sources[0].kafka.security.tls.caSecretRef.name: 'Kafka_CA' does not match"),
+    # a password written into the spec has nowhere to go: there is no such field
+    ({"protocol": "SASL_SSL", "sasl": {"mechanism": "PLAIN", "username": "u", "password": "hunter2"}},
+     "spec.sources[0].kafka.security.sasl.password: unknown field"),
+]
+
+
+@pytest.mark.parametrize(("security", "expected"), SECURE_PROBLEMS, ids=[e[1].split(":")[0].rsplit(".", 1)[-1] + str(i)
+                                                                        for i, e in enumerate(SECURE_PROBLEMS)])
+def test_kafka_security_mistakes_name_the_field_and_the_fix(security: dict[str, Any], expected: str) -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["kafka"]["security"] = security
+    msgs = problems_of(doc)
+    assert any(m.startswith(expected) for m in msgs), msgs
+
+
+def test_clickhouse_ca_without_secure_is_rejected() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sink"]["clickhouse"]["caSecretRef"] = {"name": "ch-ca", "key": "ca.crt"}
+    [msg] = problems_of(doc)
+    assert msg == "spec.sink.clickhouse.caSecretRef: is only used with secure: true: set secure or remove caSecretRef"
+
+
+def test_every_security_setting_is_accepted() -> None:
+    doc = load("secure-sms-dedup.yaml")
+    doc["spec"]["sources"][0]["kafka"]["security"]["tls"].update(
+        clientCertSecretRef={"name": "client", "key": "tls.crt"},
+        clientKeySecretRef={"name": "client", "key": "tls.key"})
+    spec, _ = validate_resource(doc)
+    tls = spec.sources[0].kafka.security.tls
+    assert tls is not None and tls.client_key_secret_ref is not None and tls.client_key_secret_ref.key == "tls.key"
+    full = doc["spec"]["sources"][0]["kafka"]["security"]
+    for protocol in ("SASL_PLAINTEXT", "SSL", "PLAINTEXT"):
+        sec = {**copy.deepcopy(full), "protocol": protocol}
+        if not protocol.startswith("SASL"):
+            sec.pop("sasl")
+        if not protocol.endswith("SSL"):
+            sec.pop("tls")
+        doc["spec"]["sources"][0]["kafka"]["security"] = sec
+        assert validate_resource(doc)[0].sources[0].kafka.security.protocol == protocol

@@ -22,6 +22,10 @@ _KEEP = {
 }
 
 
+# Marks an optional field while the schema is built (see _apply_object_defaults); removed before output.
+_OPTIONAL = "__optional__"
+
+
 def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     """One pydantic JSON-schema node as a Kubernetes structural schema node."""
     if "$ref" in node:
@@ -33,7 +37,10 @@ def _structural(node: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         if len(branches) != 1:
             raise ValueError(f"cannot express anyOf {node['anyOf']} structurally")
         rest = {k: v for k, v in node.items() if k not in ("anyOf", "default") or (k == "default" and v is not None)}
-        return _structural({**branches[0], **rest}, defs)
+        optional = _structural({**branches[0], **rest}, defs)
+        if "default" not in rest:
+            optional[_OPTIONAL] = True  # ``X | None = None``: absent means unset, never defaulted to {}
+        return optional
     if "const" in node:
         node = {**node, "enum": [node["const"]]}
     out: dict[str, Any] = {}
@@ -76,6 +83,8 @@ def openapi_schema() -> dict[str, Any]:
     spec = _schema_of(models.GlassPipelineSpec)
     status = _schema_of(models.GlassPipelineStatus)
     _apply_object_defaults(spec)
+    _strip_markers(spec)
+    _strip_markers(status)
     return {
         "type": "object",
         "description": "A Kafka -> ClickHouse pipeline with deduplication and temporal joins, run on Spark.",
@@ -90,16 +99,27 @@ def openapi_schema() -> dict[str, Any]:
     }
 
 
+def _strip_markers(node: Any) -> None:
+    if isinstance(node, dict):
+        node.pop(_OPTIONAL, None)
+        for v in node.values():
+            _strip_markers(v)
+    elif isinstance(node, list):
+        for v in node:
+            _strip_markers(v)
+
+
 def _apply_object_defaults(node: dict[str, Any]) -> None:
     """Objects that pydantic fills with ``default_factory`` get ``default: {}`` in the CRD.
 
     pydantic leaves ``default_factory`` out of the JSON Schema; without ``default: {}`` the API server
     would not default the nested fields of an omitted object, and ``kubectl get -o yaml`` would not
-    show the effective settings.
+    show the effective settings. Optional objects (``X | None``) stay absent unless given.
     """
     for sub in node.get("properties", {}).values():
+        optional = sub.get(_OPTIONAL, False)
         _apply_object_defaults(sub)
-        if sub.get("type") == "object" and "default" not in sub and not sub.get("required"):
+        if sub.get("type") == "object" and "default" not in sub and not sub.get("required") and not optional:
             # The API server checks a default against the object's CEL rules without defaulting inside
             # it first: an object with rules gets its fields' defaults spelled out.
             rules = "x-kubernetes-validations" in sub

@@ -68,47 +68,83 @@ class ApiModel(BaseModel):
 
 # ---------------------------------------------------------------- references to Secrets (never inline)
 
+# What Kubernetes accepts as a Secret's name (a DNS subdomain) and as a key of its data.
+SECRET_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+SECRET_KEY_PATTERN = r"^[-._a-zA-Z0-9]+$"
+
 
 class SecretKeyRef(ApiModel):
-    """One key of a Secret in the pipeline's namespace."""
+    """One key of a Secret in the pipeline's namespace. The operator only references it: the value reaches
+    the Spark pods as an env var or a mounted file and is never copied into what the operator writes."""
 
-    name: str = Field(max_length=253, description="Secret name (same namespace as the GlassPipeline).")
-    key: str = Field(max_length=253, description="Key inside the Secret.")
-
-
-class CredentialsSecretRef(ApiModel):
-    """User name and password held in one Secret."""
-
-    name: str = Field(max_length=253, description="Secret name (same namespace as the GlassPipeline).")
-    username_key: str = Field("username", max_length=253, description="Key holding the user name.")
-    password_key: str = Field("password", max_length=253, description="Key holding the password.")
+    name: str = Field(
+        pattern=SECRET_NAME_PATTERN, max_length=253, description="Secret name (same namespace as the GlassPipeline)."
+    )
+    key: str = Field(pattern=SECRET_KEY_PATTERN, max_length=253, description="Key inside the Secret.")
 
 
 # ---------------------------------------------------------------------------------------- sources
 
+SASL_PROTOCOLS = ("SASL_PLAINTEXT", "SASL_SSL")
+TLS_PROTOCOLS = ("SSL", "SASL_SSL")
 
-class KafkaSecurity(ApiModel):
-    """How to reach a secured Kafka; secrets only by reference."""
+
+class KafkaSasl(ApiModel):
+    """SASL authentication: mechanism, and user name and password from Secrets."""
+
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        description="SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512."
+    )
+    username_secret_ref: SecretKeyRef = Field(description="Secret key holding the SASL user name.")
+    password_secret_ref: SecretKeyRef = Field(description="Secret key holding the SASL password.")
+
+
+class KafkaTls(ApiModel):
+    """TLS settings: which CA to trust and, for mutual TLS, the client certificate and its key."""
 
     model_config = ConfigDict(
         json_schema_extra=_rules(
-            ("!self.protocol.startsWith('SASL') || (has(self.saslMechanism) && has(self.credentialsSecretRef))",
-             "SASL protocols need saslMechanism and credentialsSecretRef"),
-            ("self.protocol.startsWith('SASL') || !has(self.saslMechanism)",
-             "saslMechanism is only used with protocol SASL_PLAINTEXT or SASL_SSL"),
+            ("has(self.clientCertSecretRef) == has(self.clientKeySecretRef)",
+             "tls.clientCertSecretRef and tls.clientKeySecretRef go together (mutual TLS): give both or neither"),
+        )
+    )
+
+    ca_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key with the PEM CA bundle the brokers' certificates are verified with. "
+        "Default: the image's system CAs."
+    )
+    client_cert_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key with the PEM client certificate (chain), for brokers that require mutual "
+        "TLS (ssl.client.auth=required). With clientKeySecretRef."
+    )
+    client_key_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key with the client certificate's private key: unencrypted PKCS#8 PEM "
+        "(-----BEGIN PRIVATE KEY-----), as Kafka's Java client wants it. With clientCertSecretRef."
+    )
+
+
+class KafkaSecurity(ApiModel):
+    """How to reach a secured Kafka; credentials only by Secret reference."""
+
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("!self.protocol.startsWith('SASL') || has(self.sasl)",
+             "security.protocol SASL_PLAINTEXT and SASL_SSL need security.sasl (mechanism, usernameSecretRef, "
+             "passwordSecretRef)"),
+            ("self.protocol.startsWith('SASL') || !has(self.sasl)",
+             "security.sasl is only used with protocol SASL_PLAINTEXT or SASL_SSL: set the protocol or remove sasl"),
+            ("self.protocol.endsWith('SSL') || !has(self.tls)",
+             "security.tls is only used with protocol SSL or SASL_SSL: set the protocol or remove tls"),
         )
     )
 
     protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        "PLAINTEXT", description="Kafka security.protocol."
+        "PLAINTEXT", description="Kafka security.protocol: PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL."
     )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] | None = Field(
-        None, description="SASL mechanism, with a SASL protocol."
+    sasl: KafkaSasl | None = Field(None, description="SASL settings, with protocol SASL_PLAINTEXT or SASL_SSL.")
+    tls: KafkaTls | None = Field(
+        None, description="TLS settings, with protocol SSL or SASL_SSL. Default: verify against the system CAs."
     )
-    credentials_secret_ref: CredentialsSecretRef | None = Field(
-        None, description="Secret with the SASL user name and password."
-    )
-    ca_secret_ref: SecretKeyRef | None = Field(None, description="Secret key with the PEM CA bundle for SSL.")
 
 
 # Records per micro-batch and replica unless the spec says otherwise (bounds the driver's memory).
@@ -312,16 +348,29 @@ class Batching(ApiModel):
 
 
 class ClickHouseSink(ApiModel):
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            ("self.secure || !has(self.caSecretRef)",
+             "sink.clickhouse.caSecretRef is only used with secure: true: set secure or remove caSecretRef"),
+        )
+    )
+
     hosts: list[Annotated[str, Field(pattern=r"^[a-zA-Z0-9.-]+(:[0-9]{1,5})?$", max_length=260)]] = Field(
         min_length=1, max_length=16,
-        description="host or host:port of the native protocol (default port 9000, 9440 with TLS).",
+        description="host or host:port of the native protocol (default port 9000, 9440 with secure).",
     )
-    secure: bool = Field(False, description="Use TLS.")
-    ca_secret_ref: SecretKeyRef | None = Field(None, description="Secret key with the CA bundle for TLS.")
+    secure: bool = Field(False, description="TLS on the secure native port; the server's certificate is verified.")
+    ca_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key with the PEM CA bundle the server's certificate is verified with, with "
+        "secure. Default: the image's system CAs."
+    )
     database: str = Field("default", max_length=128, pattern=NAME_PATTERN)
     table: str = Field(max_length=128, pattern=NAME_PATTERN)
-    credentials_secret_ref: CredentialsSecretRef | None = Field(
-        None, description="Secret with user name and password. Default: user 'default', no password."
+    user_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key holding the ClickHouse user name. Default: user 'default'."
+    )
+    password_secret_ref: SecretKeyRef | None = Field(
+        None, description="Secret key holding the user's password. Default: no password."
     )
     create_table: bool = Field(False, description="Create the table (MergeTree) if it does not exist.")
     order_by: list[Name] | None = Field(
@@ -343,7 +392,8 @@ class DeadLetter(ApiModel):
 
     topic: str = Field(pattern=r"^[a-zA-Z0-9._-]+$", max_length=249)
     bootstrap_servers: str | None = Field(
-        None, max_length=1024, description="Default: the first source's bootstrap servers and security."
+        None, max_length=1024, description="Brokers of the dead-letter topic. Default: the first source's. "
+        "Either way the dead-letter producer uses the first source's security settings."
     )
 
 

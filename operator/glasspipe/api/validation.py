@@ -168,6 +168,8 @@ class _Checker:
     def run(self) -> list[OutputColumn]:
         for i, source in enumerate(self.spec.sources):
             self.check_source(f"spec.sources[{i}]", source)
+            self.check_kafka_security(f"spec.sources[{i}].kafka.security", source.kafka.security)
+        self.check_clickhouse_tls()
         if self.spec.join is not None:
             self.check_join()
         elif len(self.spec.sources) != 1:
@@ -211,6 +213,29 @@ class _Checker:
                              f"time in format {et.format}; use " + (" or ".join(sorted(ok)) if ok else
                                                                    "a timestamp, string or long field"))
         self.check_window(f"{path}.eventTime.allowedLateness", et.allowed_lateness, "7d")
+
+    def check_kafka_security(self, path: str, sec: models.KafkaSecurity) -> None:
+        """The CRD's CEL rules on security, for ``glasspipe validate`` and the job (no API server there)."""
+        sasl_protocol = sec.protocol in models.SASL_PROTOCOLS
+        if sasl_protocol and sec.sasl is None:
+            self.add(f"{path}.sasl", f"protocol {sec.protocol} needs sasl: add mechanism, usernameSecretRef and "
+                     "passwordSecretRef (Secret keys with the SASL user name and password)")
+        if not sasl_protocol and sec.sasl is not None:
+            self.add(f"{path}.sasl", f"is only used with protocol SASL_PLAINTEXT or SASL_SSL, not {sec.protocol}: "
+                     "set the protocol or remove sasl")
+        if sec.tls is not None:
+            if sec.protocol not in models.TLS_PROTOCOLS:
+                self.add(f"{path}.tls", f"is only used with protocol SSL or SASL_SSL, not {sec.protocol}: "
+                         "set the protocol or remove tls")
+            if (sec.tls.client_cert_secret_ref is None) != (sec.tls.client_key_secret_ref is None):
+                self.add(f"{path}.tls", "clientCertSecretRef and clientKeySecretRef go together (mutual TLS): "
+                         "give both or neither")
+
+    def check_clickhouse_tls(self) -> None:
+        sink = self.spec.sink.clickhouse
+        if sink.ca_secret_ref is not None and not sink.secure:
+            self.add("spec.sink.clickhouse.caSecretRef", "is only used with secure: true: set secure or remove "
+                     "caSecretRef")
 
     def check_window(self, path: str, value: str, maximum: str) -> None:
         try:

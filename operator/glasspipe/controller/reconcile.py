@@ -137,6 +137,15 @@ class Reconciler:
             (ours if _owned_by(obj, uid) else foreign).append(obj)
         return ours, [o["metadata"]["name"] for o in foreign]
 
+    def driver_messages(self, namespace: str, pipeline: str, apps: list[dict[str, Any]]) -> dict[str, str]:
+        """The failed drivers' termination messages (by application uid); pods are listed only when an
+        application is failing."""
+        failing = [a for a in apps if ((a.get("status") or {}).get("applicationState") or {}).get("state")
+                   in cond.FAILED_STATES]
+        if not failing:
+            return {}
+        return cond.termination_messages(self.running_driver_pods(namespace, pipeline))
+
     def running_driver_pods(self, namespace: str, pipeline: str) -> list[dict[str, Any]]:
         pods = self.core.list_namespaced_pod(namespace, label_selector=driver_pod_selector(pipeline))
         return [cast(dict[str, Any], self.core.api_client.sanitize_for_serialization(p)) for p in pods.items]
@@ -230,9 +239,10 @@ class Reconciler:
                 apps = self.list_apps(namespace, name, uid) + self.unlisted_apps(
                     namespace, uid, [u["metadata"]["name"] for u in unlisted])[0]
             wanted = {d["metadata"]["name"]: d["spec"] for d in desired}
+            messages = self.driver_messages(namespace, name, apps)
             observed = [
                 cond.observe_app(a, replica_index(a), a["metadata"]["name"] in wanted
-                                 and holds(wanted[a["metadata"]["name"]], a.get("spec")))
+                                 and holds(wanted[a["metadata"]["name"]], a.get("spec")), messages)
                 for a in apps
             ]
             desired_count = len(desired)

@@ -56,13 +56,13 @@ _FIXES: dict[int, str] = {
     62: "glasspipe sent SQL the server cannot parse (a bug; please report it with this message)",
     115: "the server does not know a setting glasspipe sent (a bug for this version; please report it)",
     164: "the user is read-only: grant it INSERT on {table} (and CREATE TABLE on {database} for the ledger)",
-    192: "unknown user: fix the credentials Secret of spec.sink.clickhouse.credentialsSecretRef",
-    193: "wrong password: fix the credentials Secret of spec.sink.clickhouse.credentialsSecretRef",
-    194: "password required: set spec.sink.clickhouse.credentialsSecretRef",
+    192: "unknown user: fix the user name in the Secret of spec.sink.clickhouse.userSecretRef",
+    193: "wrong password: fix the password in the Secret of spec.sink.clickhouse.passwordSecretRef",
+    194: "password required: set spec.sink.clickhouse.passwordSecretRef",
     195: "the user may not connect from this address: allow the Spark pods' network for it",
     497: "access denied: GRANT INSERT, SELECT ON {table} and CREATE TABLE, INSERT, SELECT ON "
     "{database}.glasspipe_ledger to the sink's user",
-    516: "authentication failed: fix the credentials Secret of spec.sink.clickhouse.credentialsSecretRef",
+    516: "authentication failed: fix the Secrets of spec.sink.clickhouse.userSecretRef and passwordSecretRef",
 }
 
 
@@ -103,12 +103,13 @@ def is_transient(exc: BaseException) -> bool:
     )
 
 
-def describe_error(exc: BaseException, database: str, table: str) -> str:
-    """A one-paragraph explanation of a permanent error: what failed and how to fix it."""
+def describe_error(exc: BaseException, database: str, table: str, where: str | None = None) -> str:
+    """A one-paragraph explanation of a permanent error: what failed (``where``, default: writing to the
+    table) and how to fix it."""
     code = getattr(exc, "code", None)
     raw = str(getattr(exc, "message", None) or exc).strip()
     first = raw.splitlines()[0] if raw else type(exc).__name__
-    first = first.split(" Stack trace:")[0]
+    first = first.split(" Stack trace:")[0].replace("DB::Exception: ", "").rstrip(". ")
     full = full_name(database, table)
     fix = _FIXES.get(code) if isinstance(code, int) else None
     if code == 252:
@@ -116,7 +117,10 @@ def describe_error(exc: BaseException, database: str, table: str) -> str:
             "one micro-batch touches more partitions than max_partitions_per_insert_block allows: lower "
             "spec.sink.clickhouse.batching.maxRows, coarsen the table's PARTITION BY, or raise the setting"
         )
-    where = f"writing to ClickHouse table {full}"
+    if "certificate verify failed" in raw.lower():
+        fix = ("the server's TLS certificate could not be verified: put the CA that signed it in the Secret of "
+               "spec.sink.clickhouse.caSecretRef")
+    where = where or f"writing to ClickHouse table {full}"
     text = (
         f"{where} failed: {type(exc).__name__} (code {code}): {first}" if code else f"{where} failed: {first}"
     )
