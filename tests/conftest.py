@@ -1,3 +1,3 @@
 """Fixtures that start real servers, shared by all tests (each starts on first use, once per run)."""
 
-pytest_plugins = ["fixtures_kafka", "fixtures_clickhouse", "fixtures_kube", "fixtures_jvm_ops"]
+pytest_plugins = ["fixtures_kafka", "fixtures_clickhouse", "fixtures_kube", "fixtures_jvm_ops", "fixtures_cluster"]
