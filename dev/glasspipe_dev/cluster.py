@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -64,6 +65,13 @@ def node_bin(name: str) -> Path:
     raise NotInstalledError(f"{name} is not installed: {NODE_INSTALL_HINT}")
 
 
+def host_ip() -> str:
+    """The address of the interface that carries the default route (the kubelet refuses loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("1.1.1.1", 9))  # UDP connect sends no packet: it only picks the outgoing interface
+        return str(s.getsockname()[0])
+
+
 def pause_archive() -> Path:
     archives = sorted((cache_dir() / "images").glob("pause-*.oci.tar"))
     if not archives:
@@ -79,7 +87,7 @@ class Cluster:
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="glasspipe-cluster-"))
         self.keep_dir = keep_dir
         self.id = self.dir.name.replace("_", "-")
-        self.cgroup_root = f"/glasspipe-{self.id}"
+        self.cgroup_root = f"/{self.id}"
         bins = ["kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "ctr", "runc"]
         self.bins = {b: node_bin(b) for b in bins}
         self.pause = pause_archive()
@@ -136,9 +144,14 @@ class Cluster:
             f = d / key.replace("/", ".")
             f.write_text(value + "\n")
             binds.append(f"mount --bind -o ro {f} /proc/sys/{key}")
-        script = " && ".join(["mount --make-rprivate /", *binds, "exec sleep infinity"])
+        script = " && ".join(["mount --make-rprivate /", *binds, "exec cat"])
+        # The holder waits on a pipe from us: should this process die without stop(), the holder
+        # (and with it the namespace) goes too.
         self.holder = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         deadline = time.monotonic() + 10
@@ -146,8 +159,8 @@ class Cluster:
             if self.holder.poll() is not None:
                 raise RuntimeError(f"the node's mount namespace failed (unshare exited {self.holder.returncode})")
             try:
-                # The holder execs sleep only after its bind mounts are in place.
-                if Path(f"/proc/{self.holder.pid}/cmdline").read_bytes().startswith(b"sleep"):
+                # The holder execs cat only after its bind mounts are in place.
+                if Path(f"/proc/{self.holder.pid}/cmdline").read_bytes().startswith(b"cat"):
                     return
             except OSError:
                 pass
@@ -266,6 +279,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = "{PAUSE_IMAGE}"
   enable_selinux = false
+  # The VM lacks CAP_SYS_RESOURCE: lowering oom_score_adj (pause: -998) fails in runc's nsexec
+  # ("failed to update /proc/self/oom_score_adj: Permission denied"); clamp to containerd's own.
+  restrict_oom_score_adj = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -311,13 +327,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     def _start_kubelet(self) -> None:
         self._make_cgroup_root()
+        self.node_ip = host_ip()
         d = self.dir / "kubelet"
         d.mkdir(parents=True, exist_ok=True)
         self.kubelet_port = free_port()
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
+            # The API server reaches the kubelet (logs, exec) at the node's InternalIP, which may
+            # not be a loopback address.
+            "address": self.node_ip,
             "port": self.kubelet_port,
             "readOnlyPort": 0,
             "healthzBindAddress": "127.0.0.1",
@@ -365,7 +384,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 f"--root-dir={d / 'root'}",
                 f"--cert-dir={d / 'pki'}",
                 f"--hostname-override={NODE_NAME}",
-                "--node-ip=127.0.0.1",
+                f"--node-ip={self.node_ip}",
                 "-v=1",
             ]
         )

@@ -70,6 +70,7 @@ build_node_cmds() {
     done
     for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
     out="$(mktemp -d "$GP_BIN/.node-build.XXXXXX")"
+    trap 'rm -rf "$out"' EXIT
     (cd "$BUILD_DIR" && gp_timed nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$out/" "${pkgs[@]}")
     for c in "${missing[@]}"; do mv "$out/$c" "$GP_BIN/$c-$KUBE_VERSION"; done
     rmdir "$out"
