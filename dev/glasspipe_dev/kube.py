@@ -92,7 +92,18 @@ def _b64(path: Path) -> str:
 class KubeAPIServer:
     """etcd + kube-apiserver with RBAC on 127.0.0.1, an admin kubeconfig and ServiceAccount kubeconfigs."""
 
-    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False) -> None:
+    def __init__(
+        self,
+        base_dir: Path | None = None,
+        keep_dir: bool = False,
+        with_controller_manager: bool = False,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        """``with_controller_manager``: a kube-controller-manager will create ServiceAccounts and their
+        tokens (dev/glasspipe_dev/cluster.py), so the ServiceAccount admission plugin stays on, as on
+        a real cluster. ``extra_args`` are appended to kube-apiserver's command line."""
+        self.with_controller_manager = with_controller_manager
+        self.extra_args = extra_args
         self.etcd_bin = kube_bin("etcd")
         self.apiserver_bin = kube_bin("kube-apiserver")
         self.kubectl_bin = kube_bin("kubectl")
@@ -170,14 +181,16 @@ class KubeAPIServer:
             f"--service-account-key-file={p['sa.pub']}",
             f"--service-account-signing-key-file={p['sa.key']}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # No controller-manager: the ServiceAccount admission plugin would reject pods whose
-            # ServiceAccount nobody created. Our tests create custom resources, not pods.
-            "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=false",
             "--profiling=false",
             "--event-ttl=30m",
             "-v=1",
         ]
+        if not self.with_controller_manager:
+            # No controller-manager: the ServiceAccount admission plugin would reject pods whose
+            # ServiceAccount nobody created. Those tests create custom resources, not pods.
+            argv.append("--disable-admission-plugins=ServiceAccount")
+        argv.extend(self.extra_args)
         # GOMEMLIMIT keeps the heap (watch caches etc.) modest on a 2-core CI box.
         self.apiserver = ServerProcess(
             "kube-apiserver", argv, self.dir / "kube-apiserver.log", env={"GOMEMLIMIT": "1GiB"}

@@ -1,0 +1,41 @@
+"""Session fixture: one real single-node cluster (kubelet, containerd, controller-manager, scheduler).
+
+Started only by the tests that ask for it (cold start ~1 min on the 2-core CI box), with the
+project's images imported into the node's containerd.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from glasspipe_dev.cluster import Cluster
+from glasspipe_dev.paths import NotInstalledError, cache_dir
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A started node cluster; fails (never skips) when dev/install/kube.sh or kube-node.sh is missing."""
+    try:
+        node = Cluster()
+    except NotInstalledError as e:
+        pytest.fail(f"Kubernetes node not installed: {e}", pytrace=False)
+    node.start()
+    print(f"\n[cluster] cold start-up {node.startup_seconds:.1f} s ({node.dir})")
+    try:
+        yield node
+    finally:
+        node.stop()
+
+
+def import_project_image(cluster: Cluster, name: str) -> str:
+    """Import $GLASSPIPE_CACHE/images/<name>.oci.tar (dev/install/images.sh) into the node."""
+    archive = cache_dir() / "images" / f"{name}.oci.tar"
+    if not archive.is_file():
+        pytest.fail(f"image archive {archive} missing: run dev/install/images.sh", pytrace=False)
+    t0 = time.monotonic()
+    names = cluster.import_image(archive)
+    print(f"\n[cluster] imported {names} in {time.monotonic() - t0:.1f} s")
+    return names[0]
