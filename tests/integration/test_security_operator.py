@@ -51,8 +51,11 @@ def test_applications_reference_secrets_and_the_operator_cannot_read_them(operat
     create_secrets(op, ns)
     secure_pipeline(op, ns)
     [app] = op.wait_apps(ns, ["sec-0"]).values()
-    text = json.dumps(app)
-    assert not any(p in text for p in PASSWORDS.values())
+    op.wait_condition(ns, "sec", "Progressing", "True")
+    # everything the operator wrote to the API server: applications, the pipeline's status, events
+    written = [op.k("get", kind, "-n", ns, "-o", "json") for kind in ("sparkapplications", "glasspipelines", "events")]
+    for text in written:
+        assert not any(p in text for p in PASSWORDS.values())
     for role in ("driver", "executor"):
         pod = app["spec"][role]["template"]["spec"]
         env = {e["name"]: e for e in pod["containers"][0]["env"]}
