@@ -3,14 +3,14 @@ single source is, then joined by key within an event-time window (Spark's stream
 
 The plan, per micro-batch (one query, both topics in one offset log):
 
-    orders: Kafka -> parse/check --(ok)--> watermark -> dedup (JVM) -> [dup counted, dropped] --+
-                              \\--(dead)--------------------------------------------------+     |
-                                                                                          |   join --+
-    users:  Kafka -> parse/check --(ok)--> watermark -> dedup (JVM) -> [dup counted, dropped] --+     |
-                              \\--(dead)----------------------------------------------+   |          |
-                                                                                      union <-------+
-                                                                                        |
-                                                                               select_output -> BatchWriter
+    orders: Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+
+                              \\-(dead)-------------------------------------------------+         |
+                                                                                      |   full outer join
+    users:  Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+
+                              \\-(dead)---------------------------------------+       |         |
+                                                                            union <------- matched, late,
+                                                                              |           (left join: unmatched left)
+                                                                     select_output -> BatchWriter
 
 - A record matches every record of the other side with the same key(s) whose event time lies within
   ``join.window`` of its own: ``|t_left - t_right| <= window`` (both directions, so arrival order
@@ -21,6 +21,9 @@ The plan, per micro-batch (one query, both topics in one offset log):
 - Dead rows branch off before any stateful operator, so the Kafka batch of a side is read twice (a
   cheap stateless re-read) rather than running a stateful operator twice. Duplicates are counted by
   an ``observe`` (``dedup_<source>``) on the dedup output and dropped before the join.
+- Late rows (at or below the watermark) are flagged by each side's JVM operator (with or without
+  deduplication) instead of being dropped by Spark, pass the join unmatched and go to the dead-letter
+  topic with reason ``late``, with their own Kafka coordinates.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.transform import (
     DUPLICATE,
     EVENT_TIME,
+    LATE,
     META_COLUMNS,
     REASON,
     STATUS,
@@ -47,7 +51,6 @@ from glasspipe_job.transform import (
 )
 
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
-_META_TYPES = {"_gp_topic": "string", "_gp_partition": "int", "_gp_offset": "long", "_gp_value": "binary"}
 
 
 def join_sides(config: JobConfig) -> tuple[models.Source, models.Source]:
@@ -67,8 +70,10 @@ def _interval(ms: int) -> Column:
 
 
 def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str]) -> DataFrame:
-    """ok rows -> watermark -> dedup; duplicates counted (observe) and dropped; fields packed in a struct."""
-    side = source_rows(checked, source, before_join=True)  # withWatermark(EVENT_TIME) inside; dedup re-emits it
+    """ok rows -> watermark -> late flagged, dedup (JVM); duplicates counted (observe) and dropped;
+    fields packed in a struct. Late rows keep their Kafka coordinates (NULL on the others, so the join
+    state does not hold the raw values)."""
+    side = source_rows(checked, source, join_keys=keys)  # withWatermark(EVENT_TIME) inside; re-emitted
     if source.deduplication is not None:
         side = side.observe(DEDUP_OBSERVATION + source.name,
                             F.sum(F.when(F.col(DUPLICATE), 1).otherwise(0)).alias("duplicates"))
@@ -77,6 +82,9 @@ def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str]) -
         *[F.col(k).alias(f"_gp_k{i}") for i, k in enumerate(keys)],
         F.col(EVENT_TIME),
         F.col(WARMUP),
+        F.col(LATE),
+        *[F.when(F.col(LATE), F.col(c)).alias(c) for c in META_COLUMNS],
+        F.when(F.col(LATE), F.col(REASON)).alias(REASON),
         F.struct(*[F.col(f.name) for f in source.schema_.fields]).alias(source.name),
     )
 
@@ -123,13 +131,31 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
     cond = (rt >= lt - window) & (rt <= lt + window)
     for i in range(len(join.left.keys)):
         cond = (F.col(f"l._gp_k{i}") == F.col(f"r._gp_k{i}")) & cond
-    joined = lk.join(rk, cond, "inner" if join.type == "inner" else "leftouter").select(
-        F.col(f"l.{left.name}").alias(left.name),
-        F.col(f"r.{right.name}").alias(right.name),
-        *[F.lit(None).cast(_META_TYPES[c]).alias(c) for c in META_COLUMNS],
-        F.lit("ok").alias(STATUS), F.lit(None).cast("string").alias(REASON), F.lit(False).alias(DUPLICATE),
-        # rows rebuilt from warm-up on both sides were written by the previous replica layout
-        (F.col(f"l.{WARMUP}") & F.coalesce(F.col(f"r.{WARMUP}"), F.lit(False))).alias(WARMUP),
+    # Late rows must reach the dead-letter topic, so neither side may be filtered before the join: a
+    # full outer join with "not late" in its condition emits a late row at once, unmatched, without
+    # storing it (Spark's pre-join filter); an inner or left join would push that condition below
+    # itself. The unmatched rows a full outer join adds at eviction are left out here.
+    cond = ~F.col(f"l.{LATE}") & ~F.col(f"r.{LATE}") & cond
+    joined = lk.join(rk, cond, "fullouter")
+    l_in, r_in = F.col(f"l.{LATE}").isNotNull(), F.col(f"r.{LATE}").isNotNull()
+    l_late, r_late = F.coalesce(F.col(f"l.{LATE}"), F.lit(False)), F.coalesce(F.col(f"r.{LATE}"), F.lit(False))
+    matched = l_in & r_in
+    keep = matched | l_late | r_late
+    if join.type != "inner":
+        keep = keep | (l_in & ~r_in)  # a left row unmatched when the watermark passed its window
+    late = l_late | r_late
+    joined = joined.where(keep).select(
+        F.when(~late, F.col(f"l.{left.name}")).alias(left.name),
+        F.when(~late, F.col(f"r.{right.name}")).alias(right.name),
+        *[F.coalesce(F.col(f"l.{c}"), F.col(f"r.{c}")).alias(c) for c in META_COLUMNS],
+        F.when(late, F.lit("dead")).otherwise(F.lit("ok")).alias(STATUS),
+        F.coalesce(F.col(f"l.{REASON}"), F.col(f"r.{REASON}")).alias(REASON),
+        F.lit(False).alias(DUPLICATE),
+        # rows rebuilt from warm-up on both sides were written by the previous replica layout; a late
+        # warm-up row was dead-lettered by it
+        F.when(l_late, F.col(f"l.{WARMUP}")).when(r_late, F.col(f"r.{WARMUP}"))
+        .otherwise(F.coalesce(F.col(f"l.{WARMUP}"), F.lit(False)) & F.coalesce(F.col(f"r.{WARMUP}"), F.lit(False)))
+        .alias(WARMUP),
     )
     rows = (joined.unionByName(_dead_side(parsed[left.name], left, right))
             .unionByName(_dead_side(parsed[right.name], right, left)))

@@ -111,6 +111,44 @@ def deduplicate_within_window(
     return DataFrame(jdf, spark)
 
 
+def flag_late_before_join(
+    df: DataFrame,
+    keys: list[str],
+    event_time_col: str,
+    window_seconds: float | None,
+    flag_col: str,
+    late_col: str,
+    partition_col: str | None = None,
+    offset_col: str | None = None,
+) -> DataFrame:
+    """One join side: late rows flagged in ``late_col`` instead of dropped by Spark, deduplicated as
+    ``deduplicate_within_window`` does when ``window_seconds`` is set (None: flag only, no state).
+
+    A row is late at or below the watermark, as the join counts it. The result's watermarked event
+    time is the column ``LATE_GUARD_COL``: the event time of each row that is not late, NULL for late
+    rows, so late rows pass the join's own watermark filter and can be routed round the join; the
+    join reads it as its event time. ``keys``: the dedup keys, or the join keys (the grouping only).
+    """
+    window_ms = round(window_seconds * 1000) if window_seconds is not None else 0
+    if window_seconds is not None and window_ms <= 0:
+        raise ValueError(f"window_seconds must be positive, got {window_seconds}")
+    spark = df.sparkSession
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        jdf = jvm.io.glasspipe.spark.WindowDedup.flagLateBeforeJoin(
+            df._jdf, list(keys), event_time_col, window_ms, flag_col, partition_col, offset_col, late_col)
+    except TypeError as exc:
+        raise RuntimeError(
+            f"{JVM_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
+            f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
+        ) from exc
+    return DataFrame(jdf, spark)
+
+
+LATE_GUARD_COL = "_gp_watermark_guard"  # io.glasspipe.spark.WindowDedup.LATE_GUARD_COL
+
+
 def keys_in_two_partitions(spark: Any) -> int:
     """How many times this driver saw a key again in another Kafka partition within its window."""
     jvm = spark.sparkContext._jvm

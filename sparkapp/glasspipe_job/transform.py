@@ -7,16 +7,17 @@ Every record read ends in exactly one of these, counted per micro-batch:
 - ``filtered``: the filter was not true: counted (``observe``), not emitted;
 - ``duplicate``: a repeat of a key within the window: emitted with a flag, counted, not written;
 - ``ok``: written to ClickHouse.
-Late records (older than the watermark) of a deduplicated single-topic pipeline become dead letters
-with reason ``late``; in a join, Spark's join operator drops them and they are counted from the query
-progress (``numRowsDroppedByWatermark``). Dead rows carry no event time, so a broken record can
-neither move the watermark nor be dropped as late, and an event time further ahead of the record's
-Kafka timestamp than ``eventTime.maxFutureSkew`` makes a record dead (``future_event_time``) instead
-of moving the watermark for good.
+Late records (older than the watermark) become dead letters with reason ``late``: in a deduplicated
+single-topic pipeline the dedup operator flags them; before a join each side's JVM operator flags
+them (``source_rows(..., join_keys=...)``) and join.py routes them round the join. Dead rows carry no
+event time, so a broken record can neither move the watermark nor be dropped as late, and an event
+time further ahead of the record's Kafka timestamp than ``eventTime.maxFutureSkew`` makes a record
+dead (``future_event_time``) instead of moving the watermark for good.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
@@ -207,29 +208,53 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
                                     late_col=LATE if dead_letter_late else None)
     if not dead_letter_late:
         return out
-    reason = F.concat(F.lit("late: event time "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
-                      F.lit(f" is more than eventTime.allowedLateness ({source.event_time.allowed_lateness}) behind "
-                            "the newest event time seen (the watermark)"))
     return (out.withColumn(STATUS, F.when(F.col(LATE), F.lit("dead")).otherwise(F.col(STATUS)))
-            .withColumn(REASON, F.when(F.col(LATE), reason).otherwise(F.col(REASON)))
+            .withColumn(REASON, F.when(F.col(LATE), late_reason(source)).otherwise(F.col(REASON)))
             .drop(LATE, "_gp_watermark_guard"))
+
+
+def late_reason(source: models.Source, joined: bool = False) -> Column:
+    """The dead-letter reason of a late record (``late: …``)."""
+    behind = ("the join's watermark (the older of both sources' newest event time minus its allowedLateness)"
+              if joined else "the newest event time seen (the watermark)")
+    return F.concat(F.lit("late: event time "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
+                    F.lit(f" is more than eventTime.allowedLateness ({source.event_time.allowed_lateness}) "
+                          f"behind {behind}"))
+
+
+def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -> DataFrame:
+    """One join side's ok rows: watermark, then late rows flagged (``LATE``) and, with deduplication,
+    duplicates flagged (``DUPLICATE``) by one JVM operator. ``EVENT_TIME`` of the result is the
+    watermarked event time the join reads: NULL on late rows, which the join must not see as late."""
+    from glasspipe_job.jvm import LATE_GUARD_COL, flag_late_before_join
+
+    lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
+    df = df.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
+    dedup = source.deduplication
+    out = flag_late_before_join(
+        df, list(dedup.keys) if dedup else list(join_keys), EVENT_TIME,
+        parse_duration_ms(dedup.window) / 1000 if dedup else None,
+        flag_col=DUPLICATE, late_col=LATE, partition_col="_gp_partition", offset_col="_gp_offset")
+    return (out.withColumn(REASON, F.when(F.col(LATE), late_reason(source, joined=True)).otherwise(F.col(REASON)))
+            .drop(EVENT_TIME).withColumnRenamed(LATE_GUARD_COL, EVENT_TIME))
 
 
 def with_dead_flag(df: DataFrame) -> DataFrame:
     return df.withColumn("_gp_dead", F.col(STATUS) == "dead")
 
 
-def source_rows(parsed: DataFrame, source: models.Source, *, before_join: bool = False) -> DataFrame:
+def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence[str] | None = None) -> DataFrame:
     """One source's rows after ``parse_and_check``: counted (``observe``), filtered, deduplicated.
 
-    Alone (single-topic path) dead rows pass through flagged and late rows become dead rows; before a
-    join, dead rows are left out (join.py routes them round the join) and late rows are left to the
-    join's own watermark handling.
+    Alone (single-topic path) dead rows pass through flagged and late rows become dead rows. Before a
+    join (``join_keys``: this side's join keys) only ok rows are kept (join.py routes dead rows round
+    the join) and late rows come out flagged in ``LATE`` with their reason, for join.py to route round
+    the join too.
     """
     rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
-    if before_join:
-        rows = rows.where(F.col(STATUS) == "ok")
-    return deduplicate(with_dead_flag(rows), source, dead_letter_late=not before_join)
+    if join_keys is not None:
+        return _join_side(rows.where(F.col(STATUS) == "ok"), source, join_keys)
+    return deduplicate(with_dead_flag(rows), source, dead_letter_late=True)
 
 
 def select_output(df: DataFrame, config: JobConfig) -> DataFrame:

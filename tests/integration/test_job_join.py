@@ -120,7 +120,7 @@ def test_inner_join_matches_within_the_window_in_either_arrival_order(
     # run 2 (later micro-batches, from the checkpoint; event times above the watermark of run 1, which
     # is min over both sides of newest - 1m = T0+19m): u1 arrives after its order (event time 1 h
     # later: exactly the window, matches); o2 arrives after its user (event time 5 min before it)
-    # o6 is late (T0+10m, below that watermark): dropped and counted, although u2 would match it
+    # o6 is late (T0+10m, below that watermark): a dead letter with reason 'late', although u2 would match it
     j.produce(orders=[order("o2", "u2", T0 + timedelta(minutes=25)), order("o3", "u3", T0 + timedelta(minutes=20)),
                       order("o6", "u2", T0 + timedelta(minutes=10))],
               users=[user("u1", "US", T0 + timedelta(minutes=10) + HOUR),
@@ -128,7 +128,14 @@ def test_inner_join_matches_within_the_window_in_either_arrival_order(
     second = j.run()
     assert j.rows() == [("o1", "u1", "US", "free"), ("o2", "u2", "FR", "free"),
                         ("o5", "u5", "AT", "free"), ("o5", "u5", "DE", "free")], second
-    assert "rows written 2" in second and "late dropped 1" in second, second
+    assert ("rows written 2," in second and "late dropped 0," in second
+            and "dead-lettered 1 {'late': 1}" in second), second
+    [late] = consume_all(kafka.bootstrap, j.dlq, expected=1)
+    headers = {k: v.decode() for k, v in late.headers()}
+    assert b'"o6"' in late.value() and headers["glasspipe.source.topic"] == j.orders, headers
+    assert headers["glasspipe.reason"].startswith(
+        "late: event time 2026-11-01T08:10:00.000Z is more than eventTime.allowedLateness (1m) behind "
+        "the join's watermark"), headers
     assert clickhouse.client().execute(f"SELECT label FROM {j.table} WHERE order_id = 'o1'") == [("u1/US/100.0",)]
     # both topics' offsets are committed to the pipeline's consumer group
     group = f"glasspipe.default.{j.name}"

@@ -37,6 +37,12 @@ import scala.jdk.javaapi.CollectionConverters;
  * Spark from dropping them (see {@link WindowDedup}), and they are emitted with the late flag set,
  * without reading or changing any state, so that they reach the dead-letter topic.
  *
+ * <p>Before a join ({@code guardIndex} >= 0) a row is late at or below the watermark, as Spark's join
+ * operator counts it ({@code t <= watermark}), and every row that is not late carries its event time
+ * in the guard column: that column is the watermarked event time the join reads, so the join drops
+ * nothing. With {@code dedup} false the processor only flags late rows and keeps no state (a join
+ * side without deduplication).
+ *
  * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and
  * offset), so a replayed micro-batch with the same rows gives the same result.
  *
@@ -55,6 +61,8 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private final int offsetIndex;
   private final LongAccumulator keysInTwoPartitions;
   private final boolean flagLate;
+  private final int guardIndex;
+  private final boolean dedup;
   private transient ValueState<Tuple2<Long, Integer>> firstSeen;
 
   /**
@@ -64,6 +72,18 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
    */
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
       int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate) {
+    this(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions,
+        flagLate, -1, true);
+  }
+
+  /**
+   * @param guardIndex index of the guard column set to the event time of every row that is not late
+   *     (before a join); -1: none
+   * @param dedup false: only flag late rows, keep no state
+   */
+  public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
+      int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate,
+      int guardIndex, boolean dedup) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
@@ -72,6 +92,8 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     this.offsetIndex = offsetIndex;
     this.keysInTwoPartitions = keysInTwoPartitions;
     this.flagLate = flagLate;
+    this.guardIndex = guardIndex;
+    this.dedup = dedup;
   }
 
   private long offsetOf(Row row) {
@@ -115,7 +137,18 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     if (flagLate) {
       values[row.length() + 1] = late;
     }
+    if (guardIndex >= 0) {
+      values[guardIndex] = late ? null : row.get(eventTimeIndex);
+    }
     return RowFactory.create(values);
+  }
+
+  private boolean isLate(Row row, long watermark) {
+    long t = eventMs(row);
+    if (!flagLate || t == Long.MIN_VALUE) {
+      return false;
+    }
+    return guardIndex >= 0 ? t <= watermark : t < watermark;
   }
 
   @Override
@@ -127,8 +160,10 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
       Row row = rows.next();
       if (passesThrough(row)) {
         out.add(emitDropped ? flagged(row, false, false) : row);
-      } else if (flagLate && eventMs(row) != Long.MIN_VALUE && eventMs(row) < watermark) {
+      } else if (isLate(row, watermark)) {
         out.add(flagged(row, false, true));
+      } else if (!dedup) {
+        out.add(flagged(row, false, false));
       } else {
         batch.add(row);
       }

@@ -73,6 +73,29 @@ public final class WindowDedup {
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
+    return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, false);
+  }
+
+  /**
+   * One side of a join: late rows flagged in {@code lateCol} (not dropped), and, with {@code windowMs}
+   * > 0, deduplicated as {@link #deduplicate} does ({@code flagCol} marks duplicates; 0: no
+   * deduplication and no state). A row is late at or below the watermark ({@code t <= watermark}, as
+   * the join counts it). The output's watermarked event time is {@link #LATE_GUARD_COL}: the event
+   * time of each row that is not late, NULL for late rows, so a late row passes the join's own
+   * watermark filter and the caller can route it round the join to the dead-letter topic.
+   */
+  public static Dataset<Row> flagLateBeforeJoin(
+      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
+      String partitionCol, String offsetCol, String lateCol) {
+    if (lateCol == null) {
+      throw new IllegalArgumentException("flagLateBeforeJoin needs lateCol");
+    }
+    return build(df, keys, eventTimeCol, windowMs, flagCol, null, partitionCol, offsetCol, lateCol, true);
+  }
+
+  private static Dataset<Row> build(
+      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, boolean beforeJoin) {
     if (lateCol != null) {
       if (flagCol == null) {
         throw new IllegalArgumentException("lateCol needs flagCol");
@@ -83,7 +106,7 @@ public final class WindowDedup {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
-    if (windowMs <= 0) {
+    if (windowMs <= 0 && !beforeJoin) {
       throw new IllegalArgumentException("windowMs must be positive, got " + windowMs);
     }
     StructType schema = df.schema();
@@ -125,9 +148,10 @@ public final class WindowDedup {
     if (keysInTwoPartitions == null) {
       keysInTwoPartitions = df.sparkSession().sparkContext().longAccumulator("glasspipe.keysInTwoPartitions");
     }
+    int guardIndex = beforeJoin ? schema.fieldIndex(LATE_GUARD_COL) : -1;
     DedupProcessor processor = new DedupProcessor(
         etIndex, windowMs, flagCol != null, passthroughIndex, partitionIndex, offsetIndex,
-        keysInTwoPartitions, lateCol != null);
+        keysInTwoPartitions, lateCol != null, guardIndex, windowMs > 0);
     return df.groupBy(keyCols)
         .as(Encoders.row(keySchema), Encoders.row(schema))
         .transformWithState(processor, lateCol != null ? LATE_GUARD_COL : eventTimeCol, OutputMode.Append(),
