@@ -238,3 +238,58 @@ def test_sigkill_at_random_moments_joined_output_exact(
     expected = {f"o{i:06d}" for i in range(n_orders)}
     landed = {r[0] for r in clickhouse.client().execute(f"SELECT order_id FROM {j.table}")}
     assert landed == expected
+
+
+def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Issue #14: a join used to drop late records with only a counter. Now every record of a join
+    pipeline ends written or dead-lettered with a reason, late ones too, on both sides (deduplicated
+    ones included), and a late record neither matches nor disturbs the matches of the others."""
+    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml")  # a left join, dedup on both sides
+    future = T0.replace(year=2099)
+    orders = [order(f"o{i:02d}", f"u{i % 5}", T0 + timedelta(minutes=i)) for i in range(20)]
+    j.produce(orders=[*orders, order("o-nobody", "nobody", T0 + timedelta(minutes=20)),
+                      order("o-2099", "u1", future), (b"x", b"{broken")],
+              users=[*[user(f"u{i}", "NL", T0 + timedelta(minutes=30)) for i in range(5)],
+                     user("u3", "FUTURE", future)])
+    first = j.run()
+    # watermark after run 1: min(orders T0+20m, users T0+30m) - 1m allowed lateness = T0+19m
+    assert ("rows written 20," in first and "late dropped 0," in first
+            and "dead-lettered 3 {'future_event_time': 2, 'malformed_json': 1}" in first), first
+    j.produce(orders=[order("o-late-5m", "u1", T0 + timedelta(minutes=5)),      # u1 would match it
+                      order("o-late-19m", "u2", T0 + timedelta(minutes=19)),    # at the watermark: late
+                      orders[3],                                                 # a late repeat of o03
+                      order("o21", "u2", T0 + timedelta(minutes=40)),
+                      order("o21", "u2", T0 + timedelta(minutes=40))],           # a repeat: dropped
+              users=[user("u1", "LATE", T0 + timedelta(minutes=2)),             # would match o00-o19
+                     user("u9", "LATE", T0 + timedelta(minutes=10))])
+    second = j.run()
+    assert ("rows written 1," in second and "duplicates dropped 1," in second and "late dropped 0," in second
+            and "dead-lettered 5 {'late': 5}" in second), second
+    # event time moves on both topics past o-nobody + window + lateness: the unmatched order is written
+    later = T0 + timedelta(hours=3)
+    j.produce(orders=[order("o99", "u99", later)], users=[user("u99", "SE", later)])
+    third = j.run()
+    assert "rows written 2," in third and "dead-lettered 0 {}" in third, third
+    expected = [(f"o{i:02d}", f"u{i % 5}", "NL", "free") for i in range(20)]
+    expected += [("o-nobody", "nobody", None, None), ("o21", "u2", "NL", "free"), ("o99", "u99", "SE", "free")]
+    assert j.rows() == sorted(expected, key=lambda r: (r[0], r[2] or "")), (first, second, third)
+    dead = consume_all(kafka.bootstrap, j.dlq, expected=8)
+    got = sorted((dict(m.headers())["glasspipe.source.topic"].decode(),
+                  dict(m.headers())["glasspipe.reason"].decode().split(":")[0], m.value()) for m in dead)
+    assert got == sorted([
+        (j.orders, "future_event_time", order("o-2099", "u1", future)[1]),
+        (j.orders, "malformed_json", b"{broken"),
+        (j.users, "future_event_time", user("u3", "FUTURE", future)[1]),
+        (j.orders, "late", order("o-late-5m", "u1", T0 + timedelta(minutes=5))[1]),
+        (j.orders, "late", order("o-late-19m", "u2", T0 + timedelta(minutes=19))[1]),
+        (j.orders, "late", orders[3][1]),
+        (j.users, "late", user("u1", "LATE", T0 + timedelta(minutes=2))[1]),
+        (j.users, "late", user("u9", "LATE", T0 + timedelta(minutes=10))[1]),
+    ]), got
+    # both topics are consumed to the end
+    group = f"glasspipe.default.{j.name}"
+    for topic in (j.orders, j.users):
+        lag = group_lag(kafka.bootstrap, group, topic)
+        assert all(c == e for c, e in lag.values()), (topic, lag)
