@@ -12,7 +12,7 @@ single-topic pipeline the dedup operator flags them; before a join each side's J
 them (``source_rows(..., join_keys=...)``) and join.py routes them round the join. Dead rows carry no
 event time, so a broken record can neither move the watermark nor be dropped as late, and an event
 time further ahead of the record's Kafka timestamp than ``eventTime.maxFutureSkew`` makes a record
-dead (``future_event_time``) instead of moving the watermark for good.
+dead (``event_time_in_future``) instead of moving the watermark for good.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
         skew_ms = parse_duration_ms(source.event_time.max_future_skew)
         ahead = F.col(EVENT_TIME) > F.col("_gp_kafka_timestamp") + F.expr(f"INTERVAL {skew_ms} MILLISECONDS")
         reasons.append((ahead, F.concat(
-            F.lit("future_event_time: "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
+            F.lit("event_time_in_future: "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
             F.lit(f" is more than eventTime.maxFutureSkew ({source.event_time.max_future_skew}) after the "
                   "record's Kafka timestamp "), F.date_format("_gp_kafka_timestamp", "yyyy-MM-dd'T'HH:mm:ss.SSSX"))))
     reason: Column = F.lit(None).cast("string")

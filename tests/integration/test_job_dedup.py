@@ -144,7 +144,7 @@ def test_a_far_future_event_time_costs_no_later_record(
     assert clickhouse.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0] == (2000, 2000)
     dead = {json.loads(m.value()).get("sms_id", "broken"): dict(m.headers())["glasspipe.reason"].decode()
             for m in consume_all(kafka.bootstrap, f"{topic}-dlq", expected=2)}
-    assert dead["y-2099"].startswith("future_event_time: 2099-11-01T08:00:00.000Z is more than "
+    assert dead["y-2099"].startswith("event_time_in_future: 2099-11-01T08:00:00.000Z is more than "
                                       "eventTime.maxFutureSkew (1h) after the record's Kafka timestamp"), dead
     assert dead["broken"] == "missing_key: sms_id", dead
 

@@ -256,7 +256,7 @@ def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
     first = j.run()
     # watermark after run 1: min(orders T0+20m, users T0+30m) - 1m allowed lateness = T0+19m
     assert ("rows written 20," in first and "late dropped 0," in first
-            and "dead-lettered 3 {'future_event_time': 2, 'malformed_json': 1}" in first), first
+            and "dead-lettered 3 {'event_time_in_future': 2, 'malformed_json': 1}" in first), first
     j.produce(orders=[order("o-late-5m", "u1", T0 + timedelta(minutes=5)),      # u1 would match it
                       order("o-late-19m", "u2", T0 + timedelta(minutes=19)),    # at the watermark: late
                       orders[3],                                                 # a late repeat of o03
@@ -279,9 +279,9 @@ def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
     got = sorted((dict(m.headers())["glasspipe.source.topic"].decode(),
                   dict(m.headers())["glasspipe.reason"].decode().split(":")[0], m.value()) for m in dead)
     assert got == sorted([
-        (j.orders, "future_event_time", order("o-2099", "u1", future)[1]),
+        (j.orders, "event_time_in_future", order("o-2099", "u1", future)[1]),
         (j.orders, "malformed_json", b"{broken"),
-        (j.users, "future_event_time", user("u3", "FUTURE", future)[1]),
+        (j.users, "event_time_in_future", user("u3", "FUTURE", future)[1]),
         (j.orders, "late", order("o-late-5m", "u1", T0 + timedelta(minutes=5))[1]),
         (j.orders, "late", order("o-late-19m", "u2", T0 + timedelta(minutes=19))[1]),
         (j.orders, "late", orders[3][1]),

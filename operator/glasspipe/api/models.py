@@ -232,13 +232,12 @@ class EventTime(ApiModel):
     allowed_lateness: Duration = Field(
         "1m",
         description="Watermark delay: how far behind the newest event time a record may arrive and still "
-        "be deduplicated or joined. Later records are dead-lettered with reason 'late' by a deduplicating "
-        "single-topic pipeline; a join drops them and counts them (glasspipe_late_records_dropped).",
+        "be deduplicated or joined. Later records are dead-lettered with reason 'late'.",
     )
     max_future_skew: Duration = Field(
         "1h",
         description="With source 'field': a record whose event time is further ahead of its Kafka timestamp "
-        "is dead-lettered with reason 'future_event_time' instead of moving the watermark for good.",
+        "is dead-lettered with reason 'event_time_in_future' instead of moving the watermark for good.",
     )
 
 
