@@ -12,6 +12,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
@@ -203,7 +204,12 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
                 if time.monotonic() - checked < PARTITION_CHECK_SECONDS:
                     continue
                 checked = time.monotonic()
-                now = {a.source.kafka.topic: a.partitions for a in assign_partitions(config)}
+                try:
+                    now = {a.source.kafka.topic: a.partitions for a in assign_partitions(config)}
+                except (KafkaException, RuntimeError) as e:  # a broker restart: the query itself rides it out
+                    log.warning("cannot list the topics' partitions (%s); checking again in %.0f s", e,
+                                PARTITION_CHECK_SECONDS)
+                    continue
                 if now != owned:
                     log.warning("partitions owned changed from %s to %s: restarting the query", owned, now)
                     running.query.stop()
