@@ -4,6 +4,8 @@ stale writer that wakes up after its successor took over."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +16,7 @@ from tests.integration.test_clickhouse_sink import COLS, Crash, rows, stats
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_job import handover as ho
+from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 
@@ -113,3 +116,50 @@ def test_restart_with_another_max_rows_mid_batch_writes_each_row_once(
     assert got == list(range(n)), f"{len(got)} rows, {len(set(got))} distinct, {landed} landed before the crash"
     markers = clickhouse.client().execute(f"SELECT DISTINCT {MARKER_COLUMN} FROM {table}")
     assert all(m.startswith(f"{writer}/0/") for (m,) in markers)
+
+
+def test_a_delete_behind_a_mutation_that_cannot_finish_stops_with_its_name(clickhouse: ClickHouseServer) -> None:
+    """A stuck mutation held the stream for ever with no word: now the wait ends at the mutation deadline
+    with an error naming the blocking mutation and what to do (both for stale chunks and for a roll-back)."""
+    table = new_table()
+    writer = f"default.stuck-{table}.0of1-aaaa"
+    sink_with(clickhouse, table, writer, 100).open().close()
+    c = clickhouse.client()
+    part = rows(0, 40)
+    c.execute(f"INSERT INTO {table} (id, key, ts, v, {MARKER_COLUMN}) VALUES",
+              [part["id"], part["key"], [int(t.timestamp()) for t in part["ts"]], part["v"],
+               [f"{writer}/0/0-100"] * 40], columnar=True)  # a partial chunk: the sink must delete it
+    c.execute(f"ALTER TABLE {table} DELETE WHERE throwIf(id >= 0) = 1")  # fails on every part, for ever
+    try:
+        for attempt in ("stale chunk", "roll-back"):
+            sink = sink_with(clickhouse, table, writer, 100)
+            sink.table.connection.mutation_deadline = 4.0
+            outcome: list[BaseException | None] = []
+
+            def run(sink: ClickHouseSink = sink, attempt: str = attempt,
+                    outcome: list[BaseException | None] = outcome) -> None:
+                try:
+                    if attempt == "stale chunk":
+                        sink.write_batch(0, rows(0, 150), '[{"t":{"0":150}}]')
+                    else:
+                        sink.open()
+                        sink.ledger.roll_back(writer, 0, '[{"t":{"0":150}}]')
+                    outcome.append(None)
+                except BaseException as e:
+                    outcome.append(e)
+
+            started = time.monotonic()
+            worker = threading.Thread(target=run, daemon=True)
+            worker.start()
+            worker.join(90)
+            took = time.monotonic() - started
+            assert not worker.is_alive(), f"{attempt}: still waiting for the delete after {took:.0f} s"
+            err = outcome[0]
+            assert isinstance(err, SinkError), (attempt, err)
+            msg = str(err)
+            assert "has not finished after" in msg and "throwIf" in msg and "mutation_" in msg, msg
+            assert "KILL MUTATION" in msg and table in msg and "restart this replica" in msg, msg
+            assert 4 <= took < 40, took
+        assert stats(clickhouse, table)[0] == 40  # nothing written while the delete could not run
+    finally:
+        c.execute(f"DROP TABLE {table}")

@@ -72,6 +72,8 @@ class FakeClient:
             return cols + ([(MARKER_COLUMN, "String")] if self.marker else [])
         if "FROM system.tables" in q:
             return [(self.engine, self.engine_full)]
+        if "FROM system.mutations" in q:
+            return []
         if q.startswith("SELECT chunks, rows FROM"):
             hit = [r for r in self.ledger if r[0] == params["w"] and r[1] == params["b"] and r[5] == "done"]
             return [(hit[0][2], hit[0][3])] if hit else []
@@ -530,3 +532,20 @@ def test_same_sink_retrying_a_failed_batch_checks_presence_again() -> None:
     res = sink.write_batch(2, batch(7), "o2")
     assert (res.rows_written, res.chunks_skipped) == (4, 1)
     assert fake.chunks == {"w0/1/0-2": 2, "w0/2/0-3": 3, "w0/2/3-6": 3, "w0/2/6-7": 1}
+
+
+def test_mutation_deadline_and_message() -> None:
+    from glasspipe_job.clickhouse.mutations import Mutation, MutationStuck, MutationWatch, overdue
+
+    assert not overdue(10.0, 20.0, None) and not overdue(10.0, 20.0, 10.0) and overdue(10.0, 20.5, 10.0)
+    now = [0.0]
+    blocking = [Mutation("mutation_2.txt", "DELETE WHERE throwIf(1)", 3), Mutation("mutation_4.txt", "DELETE x", 3)]
+    watch = MutationWatch(lambda: None, "db", "t", "`db`.`t`", "rolling back batch w/1/", 60.0, lambda: now[0])
+    watch.issued()
+    now[0] = 59.0
+    assert "waiting 59 s" in str(watch.pending(blocking)) and not isinstance(watch.pending(blocking), MutationStuck)
+    now[0] = 61.0
+    err = watch.pending(blocking)
+    assert isinstance(err, MutationStuck) and isinstance(err, SinkError)
+    assert str(err).startswith("rolling back batch w/1/: the DELETE on `db`.`t` has not finished after 61 s")
+    assert "mutation_id = 'mutation_2.txt'" in str(err) and "restart this replica" in str(err)

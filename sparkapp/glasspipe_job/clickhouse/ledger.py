@@ -17,11 +17,12 @@ is stored once.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from glasspipe_job.clickhouse.errors import MutationPending
 from glasspipe_job.clickhouse.mechanism import Mechanism
+from glasspipe_job.clickhouse.mutations import MutationWatch
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, quote_ident
 from glasspipe_job.clickhouse.table import ClickHouseTable
 
@@ -127,30 +128,53 @@ class Ledger:
 
     def roll_back(self, writer_id: str, batch_id: int, offsets: str) -> int:
         """Remove every chunk an abandoned (never done) batch of another writer left in the table, then
-        write ``rolledback``. Only safe once that writer has stopped for good: the operator stops a
-        generation of replicas before it starts the next one. Returns the rows removed."""
+        write ``rolledback``. Returns the rows removed.
+
+        It runs even if that writer's ``done`` row appears meanwhile (a stale writer that was still alive):
+        the caller decided from a ledger read without it, and resumes before the batch; a rolled-back batch
+        never counts as progress (handover.ledger_progress). A chunk that lands after the DELETE was issued
+        (the stale writer finishing an INSERT) is not covered by that mutation: once no mutation for the
+        batch is left running, the DELETE is issued again."""
         table = self.table.open()
         prefix = batch_prefix(writer_id, batch_id)
-        marker = quote_ident(MARKER_COLUMN)
-        where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
+        found: list[int] = []  # rows of the batch seen before the first delete was issued
+        watch = table.mutation_watch(f"rolling back batch {prefix}")
 
-        found: list[int] = []  # rows of the batch seen before the delete was issued
-        issued: list[bool] = []
+        def before(_left: int) -> bool:
+            return ROLLED_BACK not in self.states(writer_id, batch_id)
 
-        def remove(_attempt: int) -> None:
-            if self.states(writer_id, batch_id) & {DONE, ROLLED_BACK}:
-                return
-            count = f"SELECT count() FROM {table.full_table} WHERE {where}"
-            left = int(self._client.execute(count, {"p": prefix})[0][0])
-            if not found:
-                found.append(left)
-            if left:
-                if not issued:
-                    log.warning("rolling back %d rows of abandoned batch %s in %s", left, prefix, table.full_table)
-                    self._client.execute(f"ALTER TABLE {table.full_table} DELETE WHERE {where}", {"p": prefix})
-                    issued.append(True)
-                raise MutationPending(f"waiting for the roll-back of {prefix} to finish")
+        def after() -> None:
             self.insert(writer_id, batch_id, 0, 0, offsets, state=ROLLED_BACK)
 
-        table.retrying(f"rolling back batch {prefix}", remove)
+        self.remove_chunks(prefix, watch, found, before, after)
         return found[0] if found else 0
+
+    def remove_chunks(self, prefix: str, watch: MutationWatch, found: list[int] | None = None,
+                      before: Callable[[int], bool] | None = None, after: Callable[[], None] | None = None) -> None:
+        """Delete every row whose marker starts with ``prefix`` and wait until none is left (re-issuing the
+        DELETE for rows that landed after it), bounded by the mutation deadline. ``before(rows_left)`` may
+        cancel (False); ``after()`` runs once none is left. Retried by the table's retry loop."""
+        table = self.table
+        marker = quote_ident(MARKER_COLUMN)
+        where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
+        quoted = "'" + prefix.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+        def remove(_attempt: int) -> None:
+            left = int(self._client.execute(f"SELECT count() FROM {table.full_table} WHERE {where}",
+                                            {"p": prefix})[0][0])
+            if found is not None and not found:
+                found.append(left)
+            if before is not None and not before(left):
+                return
+            if left:
+                running = watch.running()
+                if watch.started is None or not any(quoted in m.command for m in running):
+                    log.warning("deleting %d rows of %s* from %s", left, prefix, table.full_table)
+                    self._client.execute(f"ALTER TABLE {table.full_table} DELETE WHERE {where}", {"p": prefix})
+                    watch.issued()
+                    running = watch.running()
+                raise watch.pending(running)
+            if after is not None:
+                after()
+
+        table.retrying(watch.what, remove)

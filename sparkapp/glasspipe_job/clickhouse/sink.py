@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from glasspipe_job.clickhouse.connection import ClientLike, Connection
-from glasspipe_job.clickhouse.errors import MutationPending, SinkError
+from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.ledger import PENDING, Ledger
 from glasspipe_job.clickhouse.mechanism import Mechanism
+from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE, MutationWatch
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
 from glasspipe_job.clickhouse.table import ClickHouseTable, SinkColumn
 from glasspipe_job.clickhouse.values import canonical_order, convert_column
@@ -62,6 +63,7 @@ class ClickHouseSink:
         order_by: Sequence[str] | None = None,
         *,
         retry_deadline: float | None = None,
+        mutation_deadline: float | None = DEFAULT_MUTATION_DEADLINE,
         max_backoff: float = 10.0,
         connect_timeout: float = 10.0,
         send_receive_timeout: float = 300.0,
@@ -71,7 +73,8 @@ class ClickHouseSink:
     ) -> None:
         connection = Connection(
             hosts, database, user=user, password=password, secure=secure, ca_file=ca_file,
-            insert_block_size=max_rows, retry_deadline=retry_deadline, max_backoff=max_backoff,
+            insert_block_size=max_rows, retry_deadline=retry_deadline, mutation_deadline=mutation_deadline,
+            max_backoff=max_backoff,
             connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
             client_factory=client_factory, sleep=sleep, clock=clock,
         )
@@ -136,8 +139,10 @@ class ClickHouseSink:
         )
         return {str(m): int(n) for m, n in rows}
 
-    def _usable_chunks(self, batch_id: int, bounds: list[tuple[int, int]], deleting: set[str]) -> dict[str, int]:
-        """Chunks of this batch stored completely; partial or stale ones are deleted first (waited for)."""
+    def _usable_chunks(self, batch_id: int, bounds: list[tuple[int, int]], deleting: set[str],
+                       watch: MutationWatch) -> dict[str, int]:
+        """Chunks of this batch stored completely; partial or stale ones are deleted first (waited for, up to
+        the connection's mutation deadline)."""
         present = self.chunks_present(batch_id)
         expected = {marker_value(self.writer_id, batch_id, lo, hi): hi - lo for lo, hi in bounds}
         bad = {m for m, cnt in present.items() if expected.get(m) != cnt}
@@ -145,7 +150,8 @@ class ClickHouseSink:
             if not bad <= deleting:
                 self._delete_markers(bad - deleting)
                 deleting |= bad
-            raise MutationPending(f"waiting for the delete of chunks {sorted(bad)} to finish")
+                watch.issued()
+            raise watch.pending()
         return present
 
     def _delete_markers(self, markers: Iterable[str]) -> None:
@@ -186,6 +192,7 @@ class ClickHouseSink:
         done: set[int] = set()  # chunks this call saw acknowledged
         sent: set[int] = set()  # chunks this call sent an INSERT for (acknowledged or not)
         deleting: set[str] = set()  # partial/stale chunks whose delete was issued
+        watch = table.mutation_watch(f"deleting partial/stale chunks of batch {batch_id} of {self.writer_id}")
         stats = {"written": 0, "skipped": 0, "attempts": 0}
         check_first = self._fresh
         announced: list[bool] = []  # the pending row was acknowledged
@@ -202,7 +209,7 @@ class ClickHouseSink:
                 announced.append(True)
             present: dict[str, int] = {}
             if table.has_marker and (check_first or k_attempt > 0):
-                present = self._usable_chunks(batch_id, bounds, deleting)
+                present = self._usable_chunks(batch_id, bounds, deleting, watch)
             for k, (lo, hi) in enumerate(bounds):
                 marker = marker_value(self.writer_id, batch_id, lo, hi)
                 if k in done:
