@@ -163,3 +163,68 @@ def test_a_delete_behind_a_mutation_that_cannot_finish_stops_with_its_name(click
         assert stats(clickhouse, table)[0] == 40  # nothing written while the delete could not run
     finally:
         c.execute(f"DROP TABLE {table}")
+
+
+def test_a_paused_writer_that_wakes_after_its_successor_took_over_removes_its_rows_and_stops(
+    clickhouse: ClickHouseServer,
+) -> None:
+    """Writer A (generation 1) pauses after 2 of 3 chunks of batch 1. B claims A's partition (generation 2),
+    rolls A's batch back and writes those records. A wakes up, sends its third chunk (after B's DELETE, so
+    that DELETE does not cover it), and must notice B before it commits: it removes its chunks and stops."""
+    from glasspipe_job.clickhouse.ledger import Fence, Ledger, Superseded, next_generation
+
+    table = new_table()
+    prefix = f"default.paused-{table}."
+    owned = frozenset({("t", 0)})
+    paused, resume = threading.Event(), threading.Event()
+    sent = {"n": 0}
+
+    def hook(query: str) -> None:
+        if query.startswith(f"INSERT INTO `default`.`{table}`") and sent["n"] >= 0:
+            sent["n"] += 1
+            if sent["n"] == 4:  # batch 0 is 1 chunk; batch 1 pauses before its third chunk
+                paused.set()
+                assert resume.wait(60)
+
+    a = sink_with(clickhouse, table, prefix + "0of1-aaaa", 100, hook).open()
+    a_gen = next_generation(a.ledger.pipeline_rows(prefix))
+    a.ledger.claim(a.writer_id, a_gen, '[{"t":{"0":0}}]')
+    a.fence = Fence(Ledger(a.table), prefix, a.writer_id, a_gen, owned)
+    a.write_batch(0, rows(0, 100), '[{"t":{"0":100}}]')
+    outcome: list[BaseException | None] = []
+
+    def run_a() -> None:
+        try:
+            a.write_batch(1, rows(100, 400), '[{"t":{"0":400}}]')
+            outcome.append(None)
+        except BaseException as e:
+            outcome.append(e)
+
+    worker = threading.Thread(target=run_a, daemon=True)
+    worker.start()
+    assert paused.wait(60)
+    assert stats(clickhouse, table) == (300, 300)  # batch 0 and 2 chunks of batch 1
+
+    b = sink_with(clickhouse, table, prefix + "0of2-bbbb", 100).open()
+    ledger_rows = b.ledger.pipeline_rows(prefix)
+    b_gen = next_generation(ledger_rows)
+    b.ledger.claim(b.writer_id, b_gen, '[{"t":{"0":100}}]')  # B claims before it rolls anything back
+    start = ho.new_start(b.writer_id, ledger_rows, {"t": {0: 0}}, {}, {"t": 0})
+    assert start.resume == {"t": {0: 100}} and [(w, n) for w, n, _ in start.roll_back] == [(a.writer_id, 1)]
+    for w, n, o in start.roll_back:
+        b.ledger.roll_back(w, n, o)
+    b.write_batch(0, rows(100, 400, shuffle=2), '[{"t":{"0":400}}]')
+    assert stats(clickhouse, table) == (400, 400)
+
+    resume.set()  # A wakes up
+    worker.join(60)
+    assert not worker.is_alive()
+    err = outcome[0]
+    assert isinstance(err, Superseded), err
+    assert f"superseded by writer {b.writer_id}" in str(err) and a.superseded == str(err)
+    assert stats(clickhouse, table) == (400, 400)  # A's late chunk was removed again
+    with pytest.raises(Superseded):  # and A writes nothing more
+        a.write_batch(2, rows(400, 450), '[{"t":{"0":450}}]')
+    assert stats(clickhouse, table) == (400, 400)
+    # a later successor resumes at B's progress, not at A's rolled-back batch
+    assert ho.ledger_progress(b.ledger.pipeline_rows(prefix)) == {"t": {0: 400}}

@@ -10,6 +10,7 @@ first write of a sink's life and after a failed attempt, chunks already stored a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any
 
 from glasspipe_job.clickhouse.connection import ClientLike, Connection
 from glasspipe_job.clickhouse.errors import SinkError
-from glasspipe_job.clickhouse.ledger import PENDING, Ledger
+from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, Ledger, Superseded
 from glasspipe_job.clickhouse.mechanism import Mechanism
 from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE, MutationWatch
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
@@ -81,10 +82,12 @@ class ClickHouseSink:
         self._bind(ClickHouseTable(connection, table, columns, create_table, order_by), writer_id, max_rows)
 
     @classmethod
-    def on(cls, table: ClickHouseTable, writer_id: str, max_rows: int) -> ClickHouseSink:
-        """A sink writing as ``writer_id`` into ``table`` (sharing its connection)."""
+    def on(cls, table: ClickHouseTable, writer_id: str, max_rows: int, fence: Fence | None = None) -> ClickHouseSink:
+        """A sink writing as ``writer_id`` into ``table`` (sharing its connection), checking ``fence`` (the
+        job's writers have one; see ledger.Fence) before and after each batch."""
         sink = cls.__new__(cls)
         sink._bind(table, writer_id, max_rows)
+        sink.fence = fence
         return sink
 
     def _bind(self, table: ClickHouseTable, writer_id: str, max_rows: int) -> None:
@@ -99,6 +102,9 @@ class ClickHouseSink:
         # No batch written yet, or the last write_batch failed: chunks of the next batch may be in the table
         # already (from a crashed predecessor, or from our own failed call that Spark now retries).
         self._fresh = True
+        self.fence: Fence | None = None
+        self.superseded: str | None = None  # why this writer stopped, once a newer one claimed its partitions
+        self._writing = threading.Lock()  # held by write_batch
 
     @property
     def mechanism(self) -> Mechanism | None:
@@ -174,6 +180,47 @@ class ClickHouseSink:
             log.info("batch %d of %s is in the ledger already (%d rows): replay skipped", batch_id, self.writer_id,
                      committed[1])
             return WriteResult(0, committed[0], True)
+        with self._writing:
+            try:
+                if self.superseded is not None:
+                    raise Superseded(self.superseded)
+                return self._write_new_batch(batch_id, data, offsets, n)
+            except Superseded as e:
+                self._step_down(batch_id, e)
+                raise
+
+    def check_fence_between_batches(self) -> None:
+        """For the job's main loop, so that an idle stale writer stops too: raise Superseded if a newer writer
+        claimed our partitions. Skipped while a batch is being written (its own checks cover it); once it
+        raised, every later write_batch refuses to write."""
+        if self.fence is None or not self._writing.acquire(blocking=False):
+            return
+        try:
+            self.fence.check()
+        except Superseded as e:
+            self.superseded = str(e)
+            log.error("%s", e)
+            raise
+        finally:
+            self._writing.release()
+
+    def _step_down(self, batch_id: int, why: Superseded) -> None:
+        """A newer writer claimed our partitions: remove whatever this writer stored of the batch (it will not
+        be committed; the newer writer writes these records), mark it rolled back, remember why."""
+        self.superseded = str(why)
+        log.error("%s; removing what it wrote of batch %d", why, batch_id)
+        prefix = batch_prefix(self.writer_id, batch_id)
+        if self.table.has_marker:
+            self.ledger.remove_chunks(prefix, self.table.mutation_watch(f"removing stale batch {prefix}"))
+        if ROLLED_BACK not in self.table.retrying("reading the ledger",
+                                                  lambda _a: self.ledger.states(self.writer_id, batch_id)):
+            self.table.retrying("writing the ledger", lambda _a: self.ledger.insert(
+                self.writer_id, batch_id, 0, 0, "[]", state=ROLLED_BACK))
+
+    def _write_new_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]], offsets: str, n: int) -> WriteResult:
+        table = self.table
+        if self.fence is not None:
+            self.fence.check()  # before anything of the batch is written
 
         bounds = chunk_bounds(n, self.max_rows)
         raw = [data[c.name] for c in table.columns]
@@ -231,6 +278,8 @@ class ClickHouseSink:
                 self._client.execute(insert_sql, cols, columnar=True, settings=settings)
                 done.add(k)
                 stats["written"] += hi - lo
+            if self.fence is not None:
+                self.fence.check()  # just before the commit: a newer writer may have taken over meanwhile
             self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets)
 
         self._fresh = True
