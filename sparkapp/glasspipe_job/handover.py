@@ -95,11 +95,13 @@ def _batch_offsets(offsets_json: str) -> Offsets:
 
 
 def ledger_progress(rows: Sequence[tuple[str, int, str, str]], except_writer: str | None = None) -> Offsets:
-    """Per partition, the furthest end offset of any batch that is done (written completely), by any
-    writer or by every writer but ``except_writer``."""
+    """Per partition, the furthest end offset of any batch that is done (written completely) and not rolled
+    back, by any writer or by every writer but ``except_writer``. (A stale writer may write ``done`` after a
+    successor rolled the batch back: its rows are gone then, and the successor writes those records.)"""
+    rolled_back = {(w, b) for w, b, st, _ in rows if st == ROLLED_BACK}
     out: Offsets = {}
-    for writer, _batch, state, offsets in rows:
-        if state != DONE or writer == except_writer:
+    for writer, batch, state, offsets in rows:
+        if state != DONE or writer == except_writer or (writer, batch) in rolled_back:
             continue
         for topic, parts in _batch_offsets(offsets).items():
             for p, off in parts.items():

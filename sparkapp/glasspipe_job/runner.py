@@ -7,6 +7,7 @@ the writer id (handover.py) -> build the sink as that writer -> build the stream
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ from glasspipe.api import models
 from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters
 from glasspipe_job.clickhouse.connection import Connection
-from glasspipe_job.clickhouse.ledger import Ledger
+from glasspipe_job.clickhouse.ledger import Fence, Ledger, LedgerRow, Superseded, next_generation
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
@@ -32,6 +33,7 @@ from glasspipe_job.transform import parse_and_check, read_kafka, select_output, 
 log = logging.getLogger("glasspipe.job")
 
 PARTITION_CHECK_SECONDS = 30.0
+FENCE_CHECK_SECONDS = 10.0  # an idle stale writer notices a newer layout within this time
 
 
 @dataclass
@@ -84,32 +86,46 @@ def make_table(config: JobConfig) -> ClickHouseTable:
                            order_by=ch.order_by or dedup_keys)
 
 
+def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, owned: ho.Offsets) -> Fence:
+    """Claim this replica's partitions in the ledger with a generation above every earlier claim: a writer
+    of an older layout that is somehow still running sees it and stops (ledger.Fence)."""
+    generation = next_generation(rows)
+    ledger.claim(writer_id, generation, json.dumps([{t: {str(p): o for p, o in sorted(parts.items())}}
+                                                   for t, parts in sorted(owned.items())]))
+    log.info("writer %s claims %s (generation %d)", writer_id, {t: sorted(p) for t, p in owned.items()}, generation)
+    return Fence(ledger, config.writer_prefix, writer_id, generation,
+                 frozenset((t, p) for t, parts in owned.items() for p in parts))
+
+
 def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
-                     assignments: list[SourceAssignment]) -> ho.Handover:
+                     assignments: list[SourceAssignment]) -> tuple[ho.Handover, Fence]:
     """Resume this replica's checkpoint, or start a new one where the pipeline's ledger left off: gathers
-    the inputs of handover.resumable / handover.new_start and carries out what they decide."""
+    the inputs of handover.resumable / handover.new_start and carries out what they decide. Either way the
+    writer claims its partitions first (before any roll-back of a predecessor's batch)."""
     files = ho.CheckpointFiles(spark, config.checkpoint_dir)
     rows = ledger.pipeline_rows(config.writer_prefix)
     previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE)) if files.exists(ho.HANDOVER_FILE) else None
+    owned: ho.Offsets = {}
+    for a in assignments:
+        owned.update(a.owned)
     if previous is not None:
         if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
-            return previous
+            return previous, claim(config, ledger, rows, previous.writer_id, previous.resume)
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "
                     "since): set aside as %s", config.checkpoint_dir, files.set_aside())
     elif files.exists():
         log.warning("checkpoint %s has no hand-over record: set aside as %s", config.checkpoint_dir,
                     files.set_aside())
-    owned: ho.Offsets = {}
     committed: ho.Offsets = {}
     fallback: dict[str, int] = {}
     for a in assignments:
         topic = a.source.kafka.topic
-        owned.update(a.owned)
         committed[topic] = a.group.committed(topic, a.partitions)
         fallback[topic] = fallback_offset(a.source.kafka.starting_offsets)
     start = ho.new_start(ho.new_writer_id(config.writer_prefix, config.replica, config.replicas), rows, owned,
                          committed, fallback)
+    fence = claim(config, ledger, rows, start.writer_id, start.resume)
     for writer, batch, offsets in start.roll_back:
         log.warning("batch %d of stopped writer %s never finished: rolling it back", batch, writer)
         ledger.roll_back(writer, batch, offsets)
@@ -124,7 +140,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     files.write(ho.HANDOVER_FILE, decision.to_json())
     log.info("new checkpoint %s as writer %s: resume %s, read from %s", config.checkpoint_dir, start.writer_id,
              start.resume, read_from)
-    return decision
+    return decision, fence
 
 
 def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, decision: ho.Handover) -> DataFrame:
@@ -158,8 +174,8 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     spec = config.spec
     assignments = assign_partitions(config)
     table = make_table(config)
-    decision = prepare_handover(spark, config, Ledger(table), assignments)
-    sink = ClickHouseSink.on(table, decision.writer_id, spec.sink.clickhouse.batching.max_rows)
+    decision, fence = prepare_handover(spark, config, Ledger(table), assignments)
+    sink = ClickHouseSink.on(table, decision.writer_id, spec.sink.clickhouse.batching.max_rows, fence)
     for a in assignments:
         log.info("replica %d/%d reads %s partitions %s", config.replica, config.replicas, a.source.kafka.topic,
                  a.partitions)
@@ -181,6 +197,17 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     return RunningPipeline(stream.start(), metrics, sink, assignments)
 
 
+def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
+    """query.awaitTermination; a query that failed because a newer writer took over raises Superseded with
+    the sink's words rather than Spark's wrapped traceback."""
+    try:
+        return bool(running.query.awaitTermination() if timeout is None else running.query.awaitTermination(timeout))
+    except Exception as e:
+        if running.sink.superseded is not None:
+            raise Superseded(running.sink.superseded) from e
+        raise
+
+
 def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = False,
                  metrics_port: int = 0, stop: threading.Event | None = None) -> JobMetrics:
     """Run until the query ends (or ``stop`` is set). A continuous run restarts its query in place when
@@ -193,14 +220,21 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
         running = start_pipeline(spark, config, available_now, metrics)
         try:
             if available_now:
-                running.query.awaitTermination()
+                _await(running)
                 return metrics
             owned = {a.source.kafka.topic: a.partitions for a in running.assignments}
-            checked = time.monotonic()
-            while not running.query.awaitTermination(1):
+            checked = fenced = time.monotonic()
+            while not _await(running, 1):
                 if stop is not None and stop.is_set():
                     running.query.stop()
                     return metrics
+                if time.monotonic() - fenced >= FENCE_CHECK_SECONDS:
+                    fenced = time.monotonic()
+                    try:
+                        running.sink.check_fence_between_batches()
+                    except Superseded:
+                        running.query.stop()
+                        raise
                 if time.monotonic() - checked < PARTITION_CHECK_SECONDS:
                     continue
                 checked = time.monotonic()

@@ -98,10 +98,10 @@ def test_replay_of_a_committed_batch_writes_nothing(clickhouse: ClickHouseServer
     ]
     markers = sorted(clickhouse.client().execute(f"SELECT DISTINCT {MARKER_COLUMN} FROM {table}"))
     assert [m for (m,) in markers] == [
-        "default.pipe-0/0/0",
-        "default.pipe-0/0/1",
-        "default.pipe-0/0/2",
-        "default.pipe-0/1/0",
+        "default.pipe-0/0/0-100",
+        "default.pipe-0/0/100-200",
+        "default.pipe-0/0/200-250",
+        "default.pipe-0/1/0-50",
     ]
 
 

@@ -72,6 +72,8 @@ class FakeClient:
             return cols + ([(MARKER_COLUMN, "String")] if self.marker else [])
         if "FROM system.tables" in q:
             return [(self.engine, self.engine_full)]
+        if "FROM system.mutations" in q:
+            return []
         if q.startswith("SELECT chunks, rows FROM"):
             hit = [r for r in self.ledger if r[0] == params["w"] and r[1] == params["b"] and r[5] == "done"]
             return [(hit[0][2], hit[0][3])] if hit else []
@@ -122,7 +124,7 @@ def test_chunk_bounds() -> None:
 
 
 def test_marker_value_and_hosts() -> None:
-    assert marker_value("ns.pipe-0", 42, 3) == "ns.pipe-0/42/3"
+    assert marker_value("ns.pipe-0", 42, 300, 400) == "ns.pipe-0/42/300-400"
     assert parse_host("ch1", False) == ("ch1", 9000)
     assert parse_host("ch1", True) == ("ch1", 9440)
     assert parse_host("ch1.example:9001", True) == ("ch1.example", 9001)
@@ -310,7 +312,7 @@ def test_marker_mechanism_chunks_markers_and_ledger() -> None:
     assert (res.rows_written, res.chunks, res.skipped_replay) == (7, 3, False)
     inserts = fake.inserts()
     assert [len(c.params[0]) for c in inserts] == [3, 3, 1]
-    assert [c.params[-1][0] for c in inserts] == ["w0/7/0", "w0/7/1", "w0/7/2"]
+    assert [c.params[-1][0] for c in inserts] == ["w0/7/0-3", "w0/7/3-6", "w0/7/6-7"]
     assert all(set(c.params[-1]) == {c.params[-1][0]} for c in inserts)
     assert inserts[0].query == "INSERT INTO `default`.`t` (`id`, `name`, `_glasspipe_batch`) VALUES"
     assert all("insert_deduplication_token" not in (c.settings or {}) for c in fake.calls)
@@ -337,15 +339,15 @@ def test_replay_of_committed_batch_writes_nothing() -> None:
 
 def test_chunks_of_crashed_predecessor_are_skipped() -> None:
     fake = FakeClient("18.16.1")
-    fake.chunks = {"w0/5/0": 3, "w0/5/1": 3}  # two full chunks landed, then the job died
+    fake.chunks = {"w0/5/0-3": 3, "w0/5/3-6": 3}  # two full chunks landed, then the job died
     res = make_sink(fake).write_batch(5, batch(7), "o5")
     assert (res.rows_written, res.chunks_skipped) == (1, 2)
-    assert [c.params[-1][0] for c in fake.inserts()] == ["w0/5/2"]
+    assert [c.params[-1][0] for c in fake.inserts()] == ["w0/5/6-7"]
 
 
 def test_partial_chunk_is_deleted_then_rewritten() -> None:
     fake = FakeClient("18.16.1")
-    fake.chunks = {"w0/5/0": 2, "w0/5/9": 3}  # a partial chunk, and one left from a bigger old maxRows split
+    fake.chunks = {"w0/5/0-3": 2, "w0/5/0-4": 4, "w0/5/9": 3}  # a partial chunk, one of another maxRows, an old format
     deleted: list[Any] = []
     orig = fake.execute
 
@@ -360,9 +362,9 @@ def test_partial_chunk_is_deleted_then_rewritten() -> None:
 
     fake.execute = execute  # type: ignore[method-assign]
     res = make_sink(fake).write_batch(5, batch(4), "o5")
-    assert deleted == [("w0/5/0", "w0/5/9")]
+    assert deleted == [("w0/5/0-3", "w0/5/0-4", "w0/5/9")]
     assert res.rows_written == 4 and res.attempts == 2
-    assert fake.chunks == {"w0/5/0": 3, "w0/5/1": 1}
+    assert fake.chunks == {"w0/5/0-3": 3, "w0/5/3-4": 1}
 
 
 def test_transient_error_rechecks_presence_before_reinserting() -> None:
@@ -385,7 +387,7 @@ def test_transient_error_rechecks_presence_before_reinserting() -> None:
     fake.execute = execute  # type: ignore[method-assign]
     res = sink.write_batch(2, batch(7), "o2")
     assert res.attempts == 2 and res.rows_written == 7  # chunk 1 landed once, counted once
-    assert fake.chunks == {"w0/1/0": 1, "w0/2/0": 3, "w0/2/1": 3, "w0/2/2": 1}
+    assert fake.chunks == {"w0/1/0-1": 1, "w0/2/0-3": 3, "w0/2/3-6": 3, "w0/2/6-7": 1}
     assert res.chunks_skipped == 0
 
 
@@ -447,8 +449,8 @@ def test_token_mechanism_sends_dedup_tokens_and_creates_window() -> None:
     inserts = fake.inserts()
     assert inserts[0].query == "INSERT INTO `default`.`t` (`id`, `name`) VALUES"
     assert [c.settings for c in inserts] == [
-        {"insert_block_size": 3, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/0"},
-        {"insert_block_size": 2, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/1"},
+        {"insert_block_size": 3, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/0-3"},
+        {"insert_block_size": 2, "insert_deduplicate": 1, "insert_deduplication_token": "w0/9/3-5"},
     ]
     ledger_inserts = [c for c in fake.calls if c.query.startswith(f"INSERT INTO `default`.`{LEDGER_TABLE}`")]
     assert [c.settings for c in ledger_inserts] == [
@@ -468,7 +470,7 @@ def test_token_mechanism_resends_same_token_after_lost_answer() -> None:
     )
     res = make_sink(fake).write_batch(3, batch(2), "o3")
     tokens = [c.settings["insert_deduplication_token"] for c in fake.inserts() if c.settings]
-    assert tokens == ["w0/3/0", "w0/3/0"] and res.attempts == 2
+    assert tokens == ["w0/3/0-2", "w0/3/0-2"] and res.attempts == 2
 
 
 def test_create_table_on_18_16_needs_low_cardinality_flag_and_skips_nullable_keys() -> None:
@@ -525,8 +527,25 @@ def test_same_sink_retrying_a_failed_batch_checks_presence_again() -> None:
     fake.execute = execute  # type: ignore[method-assign]
     with pytest.raises(SinkUnavailable):
         sink.write_batch(2, batch(7), "o2")
-    assert fake.chunks.get("w0/2/0") == 3
+    assert fake.chunks.get("w0/2/0-3") == 3
     state["down"] = False
     res = sink.write_batch(2, batch(7), "o2")
     assert (res.rows_written, res.chunks_skipped) == (4, 1)
-    assert fake.chunks == {"w0/1/0": 2, "w0/2/0": 3, "w0/2/1": 3, "w0/2/2": 1}
+    assert fake.chunks == {"w0/1/0-2": 2, "w0/2/0-3": 3, "w0/2/3-6": 3, "w0/2/6-7": 1}
+
+
+def test_mutation_deadline_and_message() -> None:
+    from glasspipe_job.clickhouse.mutations import Mutation, MutationStuck, MutationWatch, overdue
+
+    assert not overdue(10.0, 20.0, None) and not overdue(10.0, 20.0, 10.0) and overdue(10.0, 20.5, 10.0)
+    now = [0.0]
+    blocking = [Mutation("mutation_2.txt", "DELETE WHERE throwIf(1)", 3), Mutation("mutation_4.txt", "DELETE x", 3)]
+    watch = MutationWatch(lambda: None, "db", "t", "`db`.`t`", "rolling back batch w/1/", 60.0, lambda: now[0])
+    watch.issued()
+    now[0] = 59.0
+    assert "waiting 59 s" in str(watch.pending(blocking)) and not isinstance(watch.pending(blocking), MutationStuck)
+    now[0] = 61.0
+    err = watch.pending(blocking)
+    assert isinstance(err, MutationStuck) and isinstance(err, SinkError)
+    assert str(err).startswith("rolling back batch w/1/: the DELETE on `db`.`t` has not finished after 61 s")
+    assert "mutation_id = 'mutation_2.txt'" in str(err) and "restart this replica" in str(err)

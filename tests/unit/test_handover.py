@@ -112,3 +112,28 @@ def test_the_offset_log_keeps_one_entry_per_source_in_order() -> None:
     entries = parse_offset_log(text)
     assert entries == [{"orders": {"0": 5, "1": 7}}, {}, {"users": {"0": 3}}]
     assert merge_offsets(entries) == {"orders": {0: 5, 1: 7}, "users": {0: 3}}
+
+
+def test_claims_rank_writers_by_generation_then_id() -> None:
+    from glasspipe_job.clickhouse.ledger import LedgerRow, next_generation, superseded_by
+
+    rows = [LedgerRow("p.0of1-a", 1, "claimed", '[{"t":{"0":0,"1":0}}]'),
+            LedgerRow("p.0of1-a", 1, "done", '[{"t":{"0":5,"1":5}}]'),
+            LedgerRow("p.0of2-b", 2, "claimed", '[{"t":{"0":5}}]'),
+            LedgerRow("p.1of2-c", 2, "claimed", '[{"t":{"1":5}}]')]
+    assert next_generation([]) == 1 and next_generation(rows) == 3
+    assert superseded_by(rows, "p.0of1-a", 1, {("t", 0), ("t", 1)}) == (2, "p.1of2-c")
+    assert superseded_by(rows, "p.0of2-b", 2, {("t", 0)}) is None  # its peer owns other partitions
+    assert superseded_by(rows, "p.0of2-b", 2, {("t", 0), ("t", 1)}) == (2, "p.1of2-c")  # same generation: by id
+    assert superseded_by(rows, "p.1of2-c", 2, {("t", 0), ("t", 1)}) is None
+    # the same writer id restarted elsewhere (a zombie driver and its replacement): the newer claim wins
+    assert superseded_by([*rows, LedgerRow("p.0of1-a", 3, "claimed", '[{"t":{"0":5}}]')], "p.0of1-a", 1,
+                         {("t", 0)}) == (3, "p.0of1-a")
+
+
+def test_a_rolled_back_batch_is_no_progress_even_if_its_writer_wrote_done_later() -> None:
+    rows = [("w1", 0, "done", '[{"t":{"0":10}}]'), ("w1", 1, "pending", '[{"t":{"0":20}}]'),
+            ("w1", 1, "rolledback", "[]"), ("w1", 1, "done", '[{"t":{"0":20}}]')]
+    from glasspipe_job.handover import ledger_progress
+
+    assert ledger_progress(rows) == {"t": {0: 10}}

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from glasspipe_job.clickhouse.errors import MutationPending, SinkError, SinkUnavailable, is_transient
+from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ class Connection:
         ca_file: str | None = None,
         insert_block_size: int = 100_000,
         retry_deadline: float | None = None,
+        mutation_deadline: float | None = DEFAULT_MUTATION_DEADLINE,
         max_backoff: float = 10.0,
         connect_timeout: float = 10.0,
         send_receive_timeout: float = 300.0,
@@ -61,6 +63,7 @@ class Connection:
         self.ca_file = ca_file
         self.insert_block_size = insert_block_size
         self.retry_deadline = retry_deadline
+        self.mutation_deadline = mutation_deadline  # how long a DELETE the sink issued may take (mutations.py)
         self.max_backoff = max_backoff
         self.connect_timeout = connect_timeout
         self.send_receive_timeout = send_receive_timeout
@@ -95,6 +98,9 @@ class Connection:
             settings={"insert_block_size": self.insert_block_size},
             **kwargs,
         )
+
+    def clock(self) -> float:
+        return self._clock()
 
     @property
     def client(self) -> ClientLike:

@@ -16,18 +16,23 @@ is stored once.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from glasspipe_job.clickhouse.errors import MutationPending
+from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.mechanism import Mechanism
+from glasspipe_job.clickhouse.mutations import MutationWatch
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, quote_ident
 from glasspipe_job.clickhouse.table import ClickHouseTable
 
 log = logging.getLogger(__name__)
 
 PENDING, DONE, ROLLED_BACK = "pending", "done", "rolledback"
+# A writer's claim on its partitions, written when it starts (batch_id holds its generation): see Fence.
+CLAIMED = "claimed"
 # What follows a pipeline's writer prefix ("<namespace>.<pipeline>."): the replica ("0", before the
 # hand-over decides) or "<replica>of<replicas>-<hex>" (handover.new_writer_id).
 WRITER_SUFFIX_PATTERN = "^[0-9]+(of[0-9]+-[0-9a-f]+)?$"
@@ -50,6 +55,40 @@ class LedgerEntry:
     chunks: int
     rows: int
     offsets: str
+
+
+class Superseded(SinkError):
+    """A newer writer claimed partitions of this one: this writer is stale and must stop (see Fence)."""
+
+
+def claimed_partitions(offsets_json: str) -> set[tuple[str, int]]:
+    """(topic, partition) pairs of a claim's (or batch's) offsets: a list of {topic: {partition: offset}}."""
+    try:
+        loaded = json.loads(offsets_json)
+    except ValueError:
+        return set()
+    entries = loaded if isinstance(loaded, list) else [loaded]
+    return {(str(t), int(p)) for e in entries if isinstance(e, dict) for t, parts in e.items() for p in parts}
+
+
+def next_generation(rows: Sequence[LedgerRow]) -> int:
+    """The generation of a writer that starts now: one more than any claim of the pipeline so far."""
+    return 1 + max((b for _w, b, st, _o in rows if st == CLAIMED), default=0)
+
+
+def superseded_by(claims: Sequence[LedgerRow], writer_id: str, generation: int,
+                  owned: set[tuple[str, int]]) -> tuple[int, str] | None:
+    """The newest claim, (generation, writer), that outranks this writer's on one of its partitions, or None.
+    Claims are ranked by (generation, writer id): of two writers that claimed a partition, the later one
+    (which read the other's claim before it chose its generation) wins; equal generations (replicas of
+    one layout, which own disjoint partitions) are ordered by writer id so that exactly one wins."""
+    best: tuple[int, str] | None = None
+    for w, gen, state, offsets in claims:
+        if state != CLAIMED or (gen, w) <= (generation, writer_id):
+            continue
+        if claimed_partitions(offsets) & owned and (best is None or (gen, w) > best):
+            best = (gen, w)
+    return best
 
 
 class Ledger:
@@ -109,7 +148,18 @@ class Ledger:
         result: LedgerEntry | None = self.table.retrying("reading the ledger", q)
         return result
 
-    def pipeline_rows(self, writer_prefix: str) -> list[LedgerRow]:
+    def claim(self, writer_id: str, generation: int, offsets: str) -> None:
+        """Announce that ``writer_id`` (generation ``generation``) writes the partitions in ``offsets`` from now
+        on: an older writer still running on any of them stops at its next check (Fence)."""
+        self.table.open()
+        self.table.retrying("claiming partitions in the ledger",
+                            lambda _a: self.insert(writer_id, generation, 0, 0, offsets, state=CLAIMED))
+
+    def claims(self, writer_prefix: str) -> list[LedgerRow]:
+        """The claims of one pipeline's writers (a few rows: one per replica start)."""
+        return self.pipeline_rows(writer_prefix, state=CLAIMED)
+
+    def pipeline_rows(self, writer_prefix: str, state: str | None = None) -> list[LedgerRow]:
         """Every ledger row of one pipeline's writers: the prefix followed by a replica suffix only, so
         that pipeline ``orders`` never reads the rows of ``orders.v2``."""
         self.table.open()
@@ -117,8 +167,9 @@ class Ledger:
         def q(_attempt: int) -> list[LedgerRow]:
             rows = self._client.execute(
                 f"SELECT writer, batch_id, state, offsets FROM {self.table.ledger_table} "
-                "WHERE substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)",
-                {"n": len(writer_prefix.encode()), "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN},
+                "WHERE substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)"
+                + (" AND state = %(st)s" if state else ""),
+                {"n": len(writer_prefix.encode()), "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN, "st": state},
             )
             return [LedgerRow(str(w), int(b), str(st), str(o)) for w, b, st, o in rows]
 
@@ -127,30 +178,80 @@ class Ledger:
 
     def roll_back(self, writer_id: str, batch_id: int, offsets: str) -> int:
         """Remove every chunk an abandoned (never done) batch of another writer left in the table, then
-        write ``rolledback``. Only safe once that writer has stopped for good: the operator stops a
-        generation of replicas before it starts the next one. Returns the rows removed."""
+        write ``rolledback``. Returns the rows removed.
+
+        It runs even if that writer's ``done`` row appears meanwhile (a stale writer that was still alive):
+        the caller decided from a ledger read without it, and resumes before the batch; a rolled-back batch
+        never counts as progress (handover.ledger_progress). A chunk that lands after the DELETE was issued
+        (the stale writer finishing an INSERT) is not covered by that mutation: once no mutation for the
+        batch is left running, the DELETE is issued again."""
         table = self.table.open()
         prefix = batch_prefix(writer_id, batch_id)
-        marker = quote_ident(MARKER_COLUMN)
-        where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
+        found: list[int] = []  # rows of the batch seen before the first delete was issued
+        watch = table.mutation_watch(f"rolling back batch {prefix}")
 
-        found: list[int] = []  # rows of the batch seen before the delete was issued
-        issued: list[bool] = []
+        def before(_left: int) -> bool:
+            return ROLLED_BACK not in self.states(writer_id, batch_id)
 
-        def remove(_attempt: int) -> None:
-            if self.states(writer_id, batch_id) & {DONE, ROLLED_BACK}:
-                return
-            count = f"SELECT count() FROM {table.full_table} WHERE {where}"
-            left = int(self._client.execute(count, {"p": prefix})[0][0])
-            if not found:
-                found.append(left)
-            if left:
-                if not issued:
-                    log.warning("rolling back %d rows of abandoned batch %s in %s", left, prefix, table.full_table)
-                    self._client.execute(f"ALTER TABLE {table.full_table} DELETE WHERE {where}", {"p": prefix})
-                    issued.append(True)
-                raise MutationPending(f"waiting for the roll-back of {prefix} to finish")
+        def after() -> None:
             self.insert(writer_id, batch_id, 0, 0, offsets, state=ROLLED_BACK)
 
-        table.retrying(f"rolling back batch {prefix}", remove)
+        self.remove_chunks(prefix, watch, found, before, after)
         return found[0] if found else 0
+
+    def remove_chunks(self, prefix: str, watch: MutationWatch, found: list[int] | None = None,
+                      before: Callable[[int], bool] | None = None, after: Callable[[], None] | None = None) -> None:
+        """Delete every row whose marker starts with ``prefix`` and wait until none is left (re-issuing the
+        DELETE for rows that landed after it), bounded by the mutation deadline. ``before(rows_left)`` may
+        cancel (False); ``after()`` runs once none is left. Retried by the table's retry loop."""
+        table = self.table
+        marker = quote_ident(MARKER_COLUMN)
+        where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
+        quoted = "'" + prefix.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+        def remove(_attempt: int) -> None:
+            left = int(self._client.execute(f"SELECT count() FROM {table.full_table} WHERE {where}",
+                                            {"p": prefix})[0][0])
+            if found is not None and not found:
+                found.append(left)
+            if before is not None and not before(left):
+                return
+            if left:
+                running = watch.running()
+                if watch.started is None or not any(quoted in m.command for m in running):
+                    log.warning("deleting %d rows of %s* from %s", left, prefix, table.full_table)
+                    self._client.execute(f"ALTER TABLE {table.full_table} DELETE WHERE {where}", {"p": prefix})
+                    watch.issued()
+                    running = watch.running()
+                raise watch.pending(running)
+            if after is not None:
+                after()
+
+        table.retrying(watch.what, remove)
+
+
+@dataclass(frozen=True)
+class Fence:
+    """Keeps a stale writer out. Every writer claims its partitions in the ledger when it starts, with a
+    generation above every earlier claim of the pipeline (Ledger.claim). A writer checks, before it writes a
+    batch and again just before the batch's ``done`` row, that no claim outranks its own on its partitions
+    (``superseded_by``); if one does, a newer layout took over while this one was thought gone (a driver
+    that kept running after its pod was deleted, a paused process): it removes what it wrote of the batch
+    and stops with ``Superseded``."""
+
+    ledger: Ledger
+    writer_prefix: str
+    writer_id: str
+    generation: int
+    owned: frozenset[tuple[str, int]]
+
+    def check(self) -> None:
+        newer = superseded_by(self.ledger.claims(self.writer_prefix), self.writer_id, self.generation,
+                              set(self.owned))
+        if newer is not None:
+            raise Superseded(
+                f"writer {self.writer_id} (generation {self.generation}) is superseded by writer {newer[1]} "
+                f"(generation {newer[0]}), which claimed partitions of this replica: a newer replica layout "
+                "has taken over, so this stale replica stops (nothing is lost: the new layout writes these "
+                "records)"
+            )

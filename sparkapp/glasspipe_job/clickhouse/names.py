@@ -19,6 +19,8 @@ def batch_prefix(writer_id: str, batch_id: int) -> str:
     return f"{writer_id}/{batch_id}/"
 
 
-def marker_value(writer_id: str, batch_id: int, chunk: int) -> str:
-    """The marker column value and the deduplication token of one chunk."""
-    return f"{batch_prefix(writer_id, batch_id)}{chunk}"
+def marker_value(writer_id: str, batch_id: int, lo: int, hi: int) -> str:
+    """The marker column value and the deduplication token of the chunk of rows [lo, hi) of a batch (in its
+    canonical order). The boundaries, not a chunk number, identify it: after a restart with another
+    ``maxRows`` a stored chunk of the same size but other rows must not pass for a chunk of the new split."""
+    return f"{batch_prefix(writer_id, batch_id)}{lo}-{hi}"

@@ -10,15 +10,17 @@ first write of a sink's life and after a failed attempt, chunks already stored a
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from glasspipe_job.clickhouse.connection import ClientLike, Connection
-from glasspipe_job.clickhouse.errors import MutationPending, SinkError
-from glasspipe_job.clickhouse.ledger import PENDING, Ledger
+from glasspipe_job.clickhouse.errors import SinkError
+from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, Ledger, Superseded
 from glasspipe_job.clickhouse.mechanism import Mechanism
+from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE, MutationWatch
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
 from glasspipe_job.clickhouse.table import ClickHouseTable, SinkColumn
 from glasspipe_job.clickhouse.values import canonical_order, convert_column
@@ -62,6 +64,7 @@ class ClickHouseSink:
         order_by: Sequence[str] | None = None,
         *,
         retry_deadline: float | None = None,
+        mutation_deadline: float | None = DEFAULT_MUTATION_DEADLINE,
         max_backoff: float = 10.0,
         connect_timeout: float = 10.0,
         send_receive_timeout: float = 300.0,
@@ -71,17 +74,20 @@ class ClickHouseSink:
     ) -> None:
         connection = Connection(
             hosts, database, user=user, password=password, secure=secure, ca_file=ca_file,
-            insert_block_size=max_rows, retry_deadline=retry_deadline, max_backoff=max_backoff,
+            insert_block_size=max_rows, retry_deadline=retry_deadline, mutation_deadline=mutation_deadline,
+            max_backoff=max_backoff,
             connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
             client_factory=client_factory, sleep=sleep, clock=clock,
         )
         self._bind(ClickHouseTable(connection, table, columns, create_table, order_by), writer_id, max_rows)
 
     @classmethod
-    def on(cls, table: ClickHouseTable, writer_id: str, max_rows: int) -> ClickHouseSink:
-        """A sink writing as ``writer_id`` into ``table`` (sharing its connection)."""
+    def on(cls, table: ClickHouseTable, writer_id: str, max_rows: int, fence: Fence | None = None) -> ClickHouseSink:
+        """A sink writing as ``writer_id`` into ``table`` (sharing its connection), checking ``fence`` (the
+        job's writers have one; see ledger.Fence) before and after each batch."""
         sink = cls.__new__(cls)
         sink._bind(table, writer_id, max_rows)
+        sink.fence = fence
         return sink
 
     def _bind(self, table: ClickHouseTable, writer_id: str, max_rows: int) -> None:
@@ -96,6 +102,9 @@ class ClickHouseSink:
         # No batch written yet, or the last write_batch failed: chunks of the next batch may be in the table
         # already (from a crashed predecessor, or from our own failed call that Spark now retries).
         self._fresh = True
+        self.fence: Fence | None = None
+        self.superseded: str | None = None  # why this writer stopped, once a newer one claimed its partitions
+        self._writing = threading.Lock()  # held by write_batch
 
     @property
     def mechanism(self) -> Mechanism | None:
@@ -136,16 +145,19 @@ class ClickHouseSink:
         )
         return {str(m): int(n) for m, n in rows}
 
-    def _usable_chunks(self, batch_id: int, bounds: list[tuple[int, int]], deleting: set[str]) -> dict[str, int]:
-        """Chunks of this batch stored completely; partial or stale ones are deleted first (waited for)."""
+    def _usable_chunks(self, batch_id: int, bounds: list[tuple[int, int]], deleting: set[str],
+                       watch: MutationWatch) -> dict[str, int]:
+        """Chunks of this batch stored completely; partial or stale ones are deleted first (waited for, up to
+        the connection's mutation deadline)."""
         present = self.chunks_present(batch_id)
-        expected = {marker_value(self.writer_id, batch_id, k): hi - lo for k, (lo, hi) in enumerate(bounds)}
+        expected = {marker_value(self.writer_id, batch_id, lo, hi): hi - lo for lo, hi in bounds}
         bad = {m for m, cnt in present.items() if expected.get(m) != cnt}
         if bad:
             if not bad <= deleting:
                 self._delete_markers(bad - deleting)
                 deleting |= bad
-            raise MutationPending(f"waiting for the delete of chunks {sorted(bad)} to finish")
+                watch.issued()
+            raise watch.pending()
         return present
 
     def _delete_markers(self, markers: Iterable[str]) -> None:
@@ -168,6 +180,47 @@ class ClickHouseSink:
             log.info("batch %d of %s is in the ledger already (%d rows): replay skipped", batch_id, self.writer_id,
                      committed[1])
             return WriteResult(0, committed[0], True)
+        with self._writing:
+            try:
+                if self.superseded is not None:
+                    raise Superseded(self.superseded)
+                return self._write_new_batch(batch_id, data, offsets, n)
+            except Superseded as e:
+                self._step_down(batch_id, e)
+                raise
+
+    def check_fence_between_batches(self) -> None:
+        """For the job's main loop, so that an idle stale writer stops too: raise Superseded if a newer writer
+        claimed our partitions. Skipped while a batch is being written (its own checks cover it); once it
+        raised, every later write_batch refuses to write."""
+        if self.fence is None or not self._writing.acquire(blocking=False):
+            return
+        try:
+            self.fence.check()
+        except Superseded as e:
+            self.superseded = str(e)
+            log.error("%s", e)
+            raise
+        finally:
+            self._writing.release()
+
+    def _step_down(self, batch_id: int, why: Superseded) -> None:
+        """A newer writer claimed our partitions: remove whatever this writer stored of the batch (it will not
+        be committed; the newer writer writes these records), mark it rolled back, remember why."""
+        self.superseded = str(why)
+        log.error("%s; removing what it wrote of batch %d", why, batch_id)
+        prefix = batch_prefix(self.writer_id, batch_id)
+        if self.table.has_marker:
+            self.ledger.remove_chunks(prefix, self.table.mutation_watch(f"removing stale batch {prefix}"))
+        if ROLLED_BACK not in self.table.retrying("reading the ledger",
+                                                  lambda _a: self.ledger.states(self.writer_id, batch_id)):
+            self.table.retrying("writing the ledger", lambda _a: self.ledger.insert(
+                self.writer_id, batch_id, 0, 0, "[]", state=ROLLED_BACK))
+
+    def _write_new_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]], offsets: str, n: int) -> WriteResult:
+        table = self.table
+        if self.fence is not None:
+            self.fence.check()  # before anything of the batch is written
 
         bounds = chunk_bounds(n, self.max_rows)
         raw = [data[c.name] for c in table.columns]
@@ -186,22 +239,26 @@ class ClickHouseSink:
         done: set[int] = set()  # chunks this call saw acknowledged
         sent: set[int] = set()  # chunks this call sent an INSERT for (acknowledged or not)
         deleting: set[str] = set()  # partial/stale chunks whose delete was issued
+        watch = table.mutation_watch(f"deleting partial/stale chunks of batch {batch_id} of {self.writer_id}")
         stats = {"written": 0, "skipped": 0, "attempts": 0}
         check_first = self._fresh
+        announced: list[bool] = []  # the pending row was acknowledged
 
         def attempt(k_attempt: int) -> None:
             stats["attempts"] = k_attempt + 1
             if k_attempt > 0 and self.ledger.done_entry(self.writer_id, batch_id) is not None:
                 return  # the ledger insert of a previous attempt landed; only its answer was lost
-            if k_attempt == 0:
-                # Announce the batch and its offsets before any chunk: a successor that takes over these
-                # partitions after this writer is gone can find and roll back what a crash left behind.
+            if not announced:
+                # Announce the batch and its offsets before any chunk, on every attempt until the row is
+                # acknowledged (a first attempt may fail on this very INSERT): a successor that takes over
+                # these partitions after this writer is gone finds and rolls back what a crash left behind.
                 self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets, state=PENDING)
+                announced.append(True)
             present: dict[str, int] = {}
-            if table.mechanism is Mechanism.MARKER and (check_first or k_attempt > 0):
-                present = self._usable_chunks(batch_id, bounds, deleting)
+            if table.has_marker and (check_first or k_attempt > 0):
+                present = self._usable_chunks(batch_id, bounds, deleting, watch)
             for k, (lo, hi) in enumerate(bounds):
-                marker = marker_value(self.writer_id, batch_id, k)
+                marker = marker_value(self.writer_id, batch_id, lo, hi)
                 if k in done:
                     continue
                 if marker in present:
@@ -221,6 +278,8 @@ class ClickHouseSink:
                 self._client.execute(insert_sql, cols, columnar=True, settings=settings)
                 done.add(k)
                 stats["written"] += hi - lo
+            if self.fence is not None:
+                self.fence.check()  # just before the commit: a newer writer may have taken over meanwhile
             self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets)
 
         self._fresh = True

@@ -10,6 +10,7 @@ from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.clickhouse.connection import Connection
 from glasspipe_job.clickhouse.errors import SinkError, describe_error
 from glasspipe_job.clickhouse.mechanism import DEDUP_WINDOW, Mechanism, choose_mechanism, parse_version, token_capable
+from glasspipe_job.clickhouse.mutations import MutationWatch
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN, full_name, quote_ident
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,11 @@ class ClickHouseTable:
     def retrying(self, what: str, fn: Callable[[int], Any]) -> Any:
         """connection.retrying, with permanent errors explained for this table."""
         return self.connection.retrying(what, fn, lambda e: describe_error(e, self.database, self.table))
+
+    def mutation_watch(self, what: str) -> MutationWatch:
+        """A deadline-bounded wait for a DELETE on the data table (see mutations.py)."""
+        return MutationWatch(lambda: self.connection.client, self.database, self.table, self.full_table, what,
+                             self.connection.mutation_deadline, self.connection.clock)
 
     def create_table_sql(self) -> str:
         return create_table_sql(self.full_table, self.columns, self.order_by, token_capable(self.version))
