@@ -139,7 +139,10 @@ class ProgressListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         try:
-            self.metrics.on_progress(json.loads(event.progress.json))
+            progress = json.loads(event.progress.json)
+            self.metrics.on_progress(progress)
+            log.info("progress of batch %s: %s input rows, durations ms %s", progress.get("batchId"),
+                     progress.get("numInputRows"), json.dumps(progress.get("durationMs") or {}, sort_keys=True))
         except Exception:  # a metrics problem must never stop the stream
             log.exception("could not read query progress")
 
