@@ -11,7 +11,8 @@ occurrence exactly once.
 ``--baseline DIR`` runs a second copy of the code (e.g. ``git archive main | tar -x -C DIR``) on the
 same data, alternating A B A B, so both are measured under the same machine load. ``--profile DIR``
 wraps each run in ``py-spy record`` (driver Python, all threads, idle included) and writes the
-collapsed stacks there (summarise them with ``bench/pyspy_summary.py``).
+collapsed stacks there; ``--jfr DIR`` records the JVM with Java Flight Recorder (both summarised by
+``bench/profile_summary.py``).
 
     python bench/bulk.py --events 200000 --runs 2 --baseline /tmp/gp-main
 """
@@ -19,6 +20,7 @@ collapsed stacks there (summarise them with ``bench/pyspy_summary.py``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -74,6 +76,37 @@ def env_for(code: Path) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
+def become_subreaper() -> None:
+    """Orphans of a run (the Spark JVM outlives its Python parent by a moment) are re-parented to this
+    process, so reaping them adds their CPU time to ``os.times().children_*``."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def children() -> set[int]:
+    me, out = os.getpid(), set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                out.add(int(d))
+    return out
+
+
+def reap_orphans(keep: set[int], grace: float = 30.0) -> None:
+    """Wait for and reap every child not in ``keep`` (the servers): the run's re-parented orphans."""
+    deadline = time.monotonic() + grace
+    while (left := children() - keep) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.1)
+
+
 def _ts(line: str) -> float | None:
     m = LOG_TIME.match(line)
     return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
@@ -88,11 +121,17 @@ def run_once(label: str, code: Path, tmp: Path, kafka: KafkaServer, ch: ClickHou
         out = Path(args.profile) / f"{name}.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
         argv = ["py-spy", "record", "--idle", "--threads", "-r", "50", "-f", "raw", "-o", str(out), "--", *argv]
+    env = env_for(code)
+    if args.jfr:  # every JVM of the run (the driver, which runs the local executors) records to that folder
+        Path(args.jfr).mkdir(parents=True, exist_ok=True)
+        env["JAVA_TOOL_OPTIONS"] = f"-XX:StartFlightRecording=settings=profile,dumponexit=true,filename={args.jfr}/"
     load = os.getloadavg()[0]
+    servers = children()
     cpu0 = os.times()
     started = time.time()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env_for(code), check=False)
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
     wall = time.time() - started
+    reap_orphans(servers)
     cpu1 = os.times()
     if done.returncode != 0:
         raise RuntimeError(f"{label} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
@@ -134,7 +173,10 @@ def main() -> int:
     p.add_argument("--max-rows", type=int, default=100_000, help="sink.clickhouse.batching.maxRows")
     p.add_argument("--max-offsets", type=int, default=200_000, help="kafka.maxOffsetsPerTrigger")
     p.add_argument("--profile", help="directory for py-spy's collapsed stacks of each run")
+    p.add_argument("--jfr", help="directory for Java Flight Recordings of each run (JVM profile; read with "
+                   "bench/profile_summary.py)")
     args = p.parse_args()
+    become_subreaper()
     with tempfile.TemporaryDirectory(prefix="gp-bulk-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
         tmp = Path(d)
         topic = "bulk-sms"
