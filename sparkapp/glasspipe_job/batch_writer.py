@@ -105,8 +105,7 @@ class BatchWriter:
             self.dead_letters.send(dead)
             for r in dead.column(REASON).to_pylist():
                 self.metrics.count_dead_letter(str(r).split(":")[0])
-        data = {name: kept.column(name).to_pylist() for name in self.output_names}
-        result = self.sink.write_batch(batch_id, data, json.dumps(offsets, sort_keys=True))
+        result = self.sink.write_batch(batch_id, kept.select(self.output_names), json.dumps(offsets, sort_keys=True))
         for group, source_offsets in zip(self.groups, offsets, strict=False):
             try:
                 group.commit({t: {int(p): o for p, o in parts.items()} for t, parts in source_offsets.items()})
