@@ -22,10 +22,11 @@ from pyspark.sql import DataFrame
 from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
+from glasspipe_job.freshness import epoch_micros
 from glasspipe_job.handover import CheckpointFiles
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
-from glasspipe_job.transform import DUPLICATE, META_COLUMNS, REASON, STATUS, WARMUP
+from glasspipe_job.transform import DUPLICATE, EVENT_TIME, KAFKA_TIMESTAMP, META_COLUMNS, REASON, STATUS, WARMUP
 
 log = logging.getLogger("glasspipe.job")
 
@@ -85,7 +86,8 @@ class BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = CheckpointFiles(df.sparkSession, self.checkpoint).offset_log(batch_id)
-        table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP).toArrow()
+        table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP, KAFKA_TIMESTAMP,
+                          EVENT_TIME).toArrow()
         table = table.filter(pc.invert(pc.fill_null(table.column(WARMUP), False)))  # written by a predecessor
         status = table.column(STATUS)
         dup = pc.fill_null(table.column(DUPLICATE), False)
@@ -106,6 +108,9 @@ class BatchWriter:
             for r in dead.column(REASON).to_pylist():
                 self.metrics.count_dead_letter(str(r).split(":")[0])
         result = self.sink.write_batch(batch_id, kept.select(self.output_names), json.dumps(offsets, sort_keys=True))
+        if not result.skipped_replay:  # the batch's ledger row was just written: its rows are committed now
+            self.metrics.observe_commit(time.time(), epoch_micros(kept.column(KAFKA_TIMESTAMP)),
+                                        epoch_micros(kept.column(EVENT_TIME)))
         for group, source_offsets in zip(self.groups, offsets, strict=False):
             try:
                 group.commit({t: {int(p): o for p, o in parts.items()} for t, parts in source_offsets.items()})

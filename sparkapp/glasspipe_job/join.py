@@ -37,6 +37,7 @@ from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.transform import (
     DUPLICATE,
     EVENT_TIME,
+    KAFKA_TIMESTAMP,
     META_COLUMNS,
     REASON,
     STATUS,
@@ -86,7 +87,7 @@ def _dead_side(checked: DataFrame, source: models.Source, other: models.Source) 
     return checked.where(F.col(STATUS) == "dead").select(
         F.lit(None).cast(source_struct_type(source)).alias(source.name),
         F.lit(None).cast(source_struct_type(other)).alias(other.name),
-        *META_COLUMNS, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP,
+        *META_COLUMNS, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP, KAFKA_TIMESTAMP, EVENT_TIME,
     )
 
 
@@ -130,6 +131,9 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
         F.lit("ok").alias(STATUS), F.lit(None).cast("string").alias(REASON), F.lit(False).alias(DUPLICATE),
         # rows rebuilt from warm-up on both sides were written by the previous replica layout
         (F.col(f"l.{WARMUP}") & F.coalesce(F.col(f"r.{WARMUP}"), F.lit(False))).alias(WARMUP),
+        # freshness: the Kafka timestamps are not kept in the join state (so no end-to-end latency for
+        # joined rows); the pair's event time is its later side's
+        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), F.greatest(lt, rt).alias(EVENT_TIME),
     )
     rows = (joined.unionByName(_dead_side(parsed[left.name], left, right))
             .unionByName(_dead_side(parsed[right.name], right, left)))
