@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.clickhouse.sink import ClickHouseSink
@@ -86,9 +87,7 @@ class BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = CheckpointFiles(df.sparkSession, self.checkpoint).offset_log(batch_id)
-        table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP, KAFKA_TIMESTAMP,
-                          EVENT_TIME).toArrow()
-        table = table.filter(pc.invert(pc.fill_null(table.column(WARMUP), False)))  # written by a predecessor
+        table = self.collected(df).toArrow()
         status = table.column(STATUS)
         dup = pc.fill_null(table.column(DUPLICATE), False)
         dead = table.filter(pc.equal(status, "dead"))
@@ -131,6 +130,18 @@ class BatchWriter:
         log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %.2f s", batch_id,
                  result.rows_written, duplicates, dead.num_rows, " (replay: already committed)"
                  if result.skipped_replay else "", time.monotonic() - started)
+
+    def collected(self, df: DataFrame) -> DataFrame:
+        """What the driver collects of a batch: no warm-up rows (a predecessor wrote them), and the original
+        record (``_gp_value``, ~all of a row's bytes) and topic only of rows that may become dead letters:
+        dead rows and rows missing a required column (``cast_failed`` below)."""
+        may_die = F.col(STATUS) == "dead"
+        for name in self.required:
+            may_die = may_die | F.col(name).isNull()
+        only_dying = {"_gp_value", "_gp_topic"}
+        meta = [F.when(may_die, F.col(c)).alias(c) if c in only_dying else F.col(c) for c in META_COLUMNS]
+        return (df.where(~F.coalesce(F.col(WARMUP), F.lit(False)))
+                .select(*self.output_names, *meta, STATUS, REASON, DUPLICATE, KAFKA_TIMESTAMP, EVENT_TIME))
 
     def _check_key_partitioning(self, df: DataFrame) -> None:
         from glasspipe_job.jvm import keys_in_two_partitions
