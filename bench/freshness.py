@@ -13,6 +13,9 @@ p95 / p99 / max latency, and whether the pipeline kept up (every first occurrenc
 from __future__ import annotations
 
 import argparse
+import json
+import re
+import statistics
 import sys
 import tempfile
 import threading
@@ -83,6 +86,30 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
+PROGRESS = re.compile(r"progress of batch (\d+): (\d+) input rows, durations ms (\{.*\})")
+
+
+def _progress(log: Path) -> list[tuple[int, int, dict[str, float]]]:
+    out = []
+    for line in log.read_text(errors="replace").splitlines():
+        if m := PROGRESS.search(line):
+            out.append((int(m.group(1)), int(m.group(2)), json.loads(m.group(3))))
+    return out
+
+
+def last_batch(log: Path) -> int:
+    return max((b for b, _, _ in _progress(log)), default=-1)
+
+
+def batch_phases(log: Path, first: int) -> dict[str, float]:
+    """Median per phase (Spark's durationMs) of the batches from ``first`` on that read records."""
+    rows = [d for b, n, d in _progress(log) if b >= first and n > 0]
+    keys = sorted({k for d in rows for k in d})
+    out: dict[str, float] = {k: statistics.median(float(d.get(k, 0)) for d in rows) for k in keys}
+    out["batches"] = len(rows)
+    return out
+
+
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
             warmup: float) -> None:
     suffix = uuid.uuid4().hex[:6]
@@ -100,6 +127,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         while poller.rows < workload.firsts and job.alive():
             time.sleep(0.2)
         poller.latencies.clear()
+        first_batch = last_batch(tmp / f"{table}.log") + 1
         got = produce_at_rate(kafka.bootstrap, topic, workload, rate, seconds)
         deadline = time.monotonic() + 120
         while poller.rows < workload.firsts and time.monotonic() < deadline and job.alive():
@@ -109,12 +137,15 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         rows, distinct = ch.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
         lat = poller.latencies
         exact = rows == distinct == workload.firsts
+        phases = batch_phases(tmp / f"{table}.log", first_batch)
         print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
               f"{got['repeats']:.0f} repeats; trigger {trigger}): landed {len(lat)} rows; latency "
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
               f"p99 {percentile(lat, 0.99):.2f} s, "
               f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
               f"{workload.firsts} first occurrences)", flush=True)
+        print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
+              + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
     finally:
         job.stop(timeout=60)
 

@@ -18,14 +18,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 
 from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
+from glasspipe_job.freshness import epoch_micros
 from glasspipe_job.handover import CheckpointFiles
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
-from glasspipe_job.transform import DUPLICATE, META_COLUMNS, REASON, STATUS, WARMUP
+from glasspipe_job.transform import DUPLICATE, EVENT_TIME, KAFKA_TIMESTAMP, META_COLUMNS, REASON, STATUS, WARMUP
 
 log = logging.getLogger("glasspipe.job")
 
@@ -85,8 +87,7 @@ class BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = CheckpointFiles(df.sparkSession, self.checkpoint).offset_log(batch_id)
-        table = df.select(*self.output_names, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP).toArrow()
-        table = table.filter(pc.invert(pc.fill_null(table.column(WARMUP), False)))  # written by a predecessor
+        table = self.collected(df).toArrow()
         status = table.column(STATUS)
         dup = pc.fill_null(table.column(DUPLICATE), False)
         dead = table.filter(pc.equal(status, "dead"))
@@ -105,8 +106,10 @@ class BatchWriter:
             self.dead_letters.send(dead)
             for r in dead.column(REASON).to_pylist():
                 self.metrics.count_dead_letter(str(r).split(":")[0])
-        data = {name: kept.column(name).to_pylist() for name in self.output_names}
-        result = self.sink.write_batch(batch_id, data, json.dumps(offsets, sort_keys=True))
+        result = self.sink.write_batch(batch_id, kept.select(self.output_names), json.dumps(offsets, sort_keys=True))
+        if not result.skipped_replay:  # the batch's ledger row was just written: its rows are committed now
+            self.metrics.observe_commit(time.time(), epoch_micros(kept.column(KAFKA_TIMESTAMP)),
+                                        epoch_micros(kept.column(EVENT_TIME)))
         for group, source_offsets in zip(self.groups, offsets, strict=False):
             try:
                 group.commit({t: {int(p): o for p, o in parts.items()} for t, parts in source_offsets.items()})
@@ -127,6 +130,18 @@ class BatchWriter:
         log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %.2f s", batch_id,
                  result.rows_written, duplicates, dead.num_rows, " (replay: already committed)"
                  if result.skipped_replay else "", time.monotonic() - started)
+
+    def collected(self, df: DataFrame) -> DataFrame:
+        """What the driver collects of a batch: no warm-up rows (a predecessor wrote them), and the original
+        record (``_gp_value``, ~all of a row's bytes) and topic only of rows that may become dead letters:
+        dead rows and rows missing a required column (``cast_failed`` below)."""
+        may_die = F.col(STATUS) == "dead"
+        for name in self.required:
+            may_die = may_die | F.col(name).isNull()
+        only_dying = {"_gp_value", "_gp_topic"}
+        meta = [F.when(may_die, F.col(c)).alias(c) if c in only_dying else F.col(c) for c in META_COLUMNS]
+        return (df.where(~F.coalesce(F.col(WARMUP), F.lit(False)))
+                .select(*self.output_names, *meta, STATUS, REASON, DUPLICATE, KAFKA_TIMESTAMP, EVENT_TIME))
 
     def _check_key_partitioning(self, df: DataFrame) -> None:
         from glasspipe_job.jvm import keys_in_two_partitions

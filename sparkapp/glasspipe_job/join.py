@@ -40,6 +40,7 @@ from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.transform import (
     DUPLICATE,
     EVENT_TIME,
+    KAFKA_TIMESTAMP,
     LATE,
     META_COLUMNS,
     REASON,
@@ -94,7 +95,7 @@ def _dead_side(checked: DataFrame, source: models.Source, other: models.Source) 
     return checked.where(F.col(STATUS) == "dead").select(
         F.lit(None).cast(source_struct_type(source)).alias(source.name),
         F.lit(None).cast(source_struct_type(other)).alias(other.name),
-        *META_COLUMNS, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP,
+        *META_COLUMNS, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP, KAFKA_TIMESTAMP, EVENT_TIME,
     )
 
 
@@ -156,6 +157,9 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
         F.when(l_late, F.col(f"l.{WARMUP}")).when(r_late, F.col(f"r.{WARMUP}"))
         .otherwise(F.coalesce(F.col(f"l.{WARMUP}"), F.lit(False)) & F.coalesce(F.col(f"r.{WARMUP}"), F.lit(False)))
         .alias(WARMUP),
+        # freshness: the Kafka timestamps are not kept in the join state (so no end-to-end latency for
+        # joined rows); the pair's event time is its later side's (greatest skips a missing side)
+        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), F.greatest(lt, rt).alias(EVENT_TIME),
     )
     rows = (joined.unionByName(_dead_side(parsed[left.name], left, right))
             .unionByName(_dead_side(parsed[right.name], right, left)))

@@ -7,8 +7,11 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming import StreamingQueryListener
+
+from glasspipe_job.freshness import BatchHistogram, ages_seconds
 
 log = logging.getLogger("glasspipe.job")
 
@@ -59,8 +62,27 @@ class JobMetrics:
         self.dead_letters_by_reason = Counter(
             "glasspipe_dead_letters_by_reason", "Records sent to the dead-letter topic, by reason kind",
             [*names, "reason"], registry=self.registry)
+        self.end_to_end_latency = BatchHistogram(
+            "glasspipe_end_to_end_latency_seconds",
+            "Per row written: ClickHouse commit time minus the record's Kafka timestamp (its append time)",
+            labels, self.registry)
+        self.event_time_lag = BatchHistogram(
+            "glasspipe_event_time_lag_seconds",
+            "Per row written: ClickHouse commit time minus the row's event time", labels, self.registry)
+        self.last_committed_event_time = gauge(
+            "glasspipe_last_committed_event_time_seconds",
+            "Newest event time (Unix seconds) of the rows this replica has committed to ClickHouse")
+        self._newest_event_s = 0.0
         self._labels = labels
         self.totals = Totals()
+
+    def observe_commit(self, committed_at: float, kafka_micros: np.ndarray, event_micros: np.ndarray) -> None:
+        """Freshness of one committed batch's rows (epoch microseconds of their Kafka and event times)."""
+        self.end_to_end_latency.observe_many(ages_seconds(committed_at, kafka_micros))
+        self.event_time_lag.observe_many(ages_seconds(committed_at, event_micros))
+        if event_micros.size:
+            self._newest_event_s = max(self._newest_event_s, float(event_micros.max()) / 1e6)
+            self.last_committed_event_time.set(self._newest_event_s)
 
     def count_dead_letter(self, reason: str) -> None:
         """One dead-lettered record of a reason kind (the text before the first colon)."""
@@ -139,7 +161,10 @@ class ProgressListener(StreamingQueryListener):
 
     def onQueryProgress(self, event: Any) -> None:
         try:
-            self.metrics.on_progress(json.loads(event.progress.json))
+            progress = json.loads(event.progress.json)
+            self.metrics.on_progress(progress)
+            log.info("progress of batch %s: %s input rows, durations ms %s", progress.get("batchId"),
+                     progress.get("numInputRows"), json.dumps(progress.get("durationMs") or {}, sort_keys=True))
         except Exception:  # a metrics problem must never stop the stream
             log.exception("could not read query progress")
 

@@ -31,6 +31,7 @@ from glasspipe_job.config import JobConfig
 STATUS = "_gp_status"
 REASON = "_gp_reason"
 EVENT_TIME = "_gp_event_time"
+KAFKA_TIMESTAMP = "_gp_kafka_timestamp"  # the record's Kafka timestamp: end-to-end latency (freshness.py)
 DUPLICATE = "_gp_duplicate"
 WARMUP = "_gp_warmup"
 LATE = "_gp_late"
@@ -163,7 +164,7 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
     df = df.withColumn(STATUS, status)
     # A dead record has no place in event time: it must neither move the watermark nor be dropped as late.
     df = df.withColumn(EVENT_TIME, F.when(F.col(STATUS) == "dead", F.lit(None)).otherwise(F.col(EVENT_TIME)))
-    return df.drop("_gp_json", "_gp_kafka_timestamp")
+    return df.drop("_gp_json")
 
 
 def with_warmup_flag(df: DataFrame, resume: dict[str, dict[int, int]]) -> DataFrame:
@@ -258,9 +259,10 @@ def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence
 
 
 def select_output(df: DataFrame, config: JobConfig) -> DataFrame:
-    """Output columns cast to the Spark type of their ClickHouse column, plus what the writer needs."""
+    """Output columns cast to the Spark type of their ClickHouse column, plus what the writer needs (the
+    Kafka coordinates and value for dead letters, the Kafka timestamp and event time for freshness)."""
     from glasspipe_job.spark_types import spark_type_for_clickhouse
 
     # try_cast: with ANSI SQL (Spark 4 default) a bad cast would fail the query; NULL goes to the DLQ instead.
     cols = [F.expr(c.sql).try_cast(spark_type_for_clickhouse(c.clickhouse_type)).alias(c.name) for c in config.columns]
-    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP)
+    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP, KAFKA_TIMESTAMP, EVENT_TIME)

@@ -202,6 +202,33 @@ def test_bad_records_go_to_the_dead_letter_topic_with_reasons(
         assert headers["glasspipe.source.partition"] in (b"0", b"1")
 
 
+def test_a_value_that_does_not_cast_to_its_column_goes_to_the_dead_letter_topic_with_its_bytes(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Rows that only fail in the writer (a required column's cast gives NULL) still carry their original
+    record and topic to the dead-letter topic, though the driver only collects those of rows that may die."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["sink"]["clickhouse"]["columns"] = [
+        {"name": "sms_id", "type": "String"},
+        {"name": "code", "expression": "status", "type": "Int32"},
+        {"name": "sent_at", "type": "DateTime"},
+    ]
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    numeric = [sms(f"n-{i}", "200", T0 + timedelta(seconds=i)) for i in range(5)]
+    words = [sms(f"w-{i}", "sent", T0 + timedelta(seconds=i)) for i in range(3)]
+    produce(kafka.bootstrap, topic, numeric + words)
+    summary = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "dead-lettered 3" in summary, summary
+    assert clickhouse.client().execute(f"SELECT count(), sum(code) FROM {table}")[0] == (5, 1000)
+    dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=3)
+    assert sorted(m.value() for m in dead) == sorted(v for _, v in words)
+    for m in dead:
+        headers = dict(m.headers())
+        assert headers["glasspipe.reason"] == b"cast_failed: column code got no value"
+        assert headers["glasspipe.source.topic"].decode() == topic
+
+
 def test_sigkill_at_random_moments_loses_and_doubles_nothing(
     tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
 ) -> None:

@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+
 from glasspipe_job.clickhouse.connection import ClientLike, Connection
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, Ledger, Superseded
@@ -23,7 +25,12 @@ from glasspipe_job.clickhouse.mechanism import Mechanism
 from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE, MutationWatch
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
 from glasspipe_job.clickhouse.table import ClickHouseTable, SinkColumn
-from glasspipe_job.clickhouse.values import canonical_order, convert_column
+from glasspipe_job.clickhouse.values import (
+    canonical_order,
+    canonical_order_arrow,
+    convert_arrow_column,
+    convert_column,
+)
 
 log = logging.getLogger(__name__)
 
@@ -171,8 +178,11 @@ class ClickHouseSink:
 
     # -- writing
 
-    def write_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]], offsets: str) -> WriteResult:
-        """Write one micro-batch exactly once: a replay of a committed (writer_id, batch_id) is skipped."""
+    def write_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]] | pa.Table, offsets: str) -> WriteResult:
+        """Write one micro-batch exactly once: a replay of a committed (writer_id, batch_id) is skipped.
+
+        ``data``: column name -> values, or an Arrow table (the job's path: converted column by column
+        with vectorised fast paths, ordered by Arrow when the batch spans several chunks)."""
         table = self.table.open()
         n = self._check_data(data)
         committed = table.retrying("looking up the ledger", lambda _a: self.ledger.done_entry(self.writer_id, batch_id))
@@ -223,13 +233,7 @@ class ClickHouseSink:
             self.fence.check()  # before anything of the batch is written
 
         bounds = chunk_bounds(n, self.max_rows)
-        raw = [data[c.name] for c in table.columns]
-        if len(bounds) > 1:  # make chunk k the same rows on a replay, whatever order Spark produced them in
-            order = canonical_order(raw)
-            raw = [[col[i] for i in order] for col in raw]
-        converted = [
-            convert_column(c.name, table.table_types[c.name], col) for c, col in zip(table.columns, raw, strict=True)
-        ]
+        converted = self._converted(data, len(bounds) > 1)
         names = [c.name for c in table.columns]
         with_marker = table.has_marker
         if with_marker:
@@ -290,8 +294,35 @@ class ClickHouseSink:
                         batch_id, stats["skipped"], table.full_table)
         return WriteResult(stats["written"], len(bounds), False, stats["skipped"], stats["attempts"])
 
-    def _check_data(self, data: Mapping[str, Sequence[Any]]) -> int:
+    def _converted(self, data: Mapping[str, Sequence[Any]] | pa.Table, ordered: bool) -> list[list[Any]]:
+        """The batch's columns in the table's order and the driver's value forms; with ``ordered`` (several
+        chunks) rows are sorted by value, so chunk k is the same rows on a replay, whatever order Spark
+        produced them in."""
+        table = self.table
+        types = table.table_types
+        if isinstance(data, pa.Table):
+            arrow = data.select([c.name for c in table.columns])
+            if ordered:
+                order = canonical_order_arrow(arrow)
+                if order is None:
+                    return self._converted({c: arrow.column(c).to_pylist() for c in arrow.column_names}, ordered)
+                arrow = arrow.take(order)
+            return [convert_arrow_column(c.name, types[c.name], arrow.column(c.name)) for c in table.columns]
+        raw = [data[c.name] for c in table.columns]
+        if ordered:
+            order = canonical_order(raw)
+            raw = [[col[i] for i in order] for col in raw]
+        return [convert_column(c.name, types[c.name], col) for c, col in zip(table.columns, raw, strict=True)]
+
+    def _check_data(self, data: Mapping[str, Sequence[Any]] | pa.Table) -> int:
         names = {c.name for c in self.table.columns}
+        if isinstance(data, pa.Table):
+            extra = set(data.column_names) - names
+            missing = names - set(data.column_names)
+            if missing or extra:
+                raise SinkError(f"batch columns do not match the sink's: missing {sorted(missing)}, "
+                                f"extra {sorted(extra)}")
+            return data.num_rows
         missing = names - data.keys()
         extra = set(data.keys()) - names
         if missing or extra:

@@ -1,0 +1,202 @@
+"""Bulk throughput of one `glasspipe run --available-now` of the sms-dedup pipeline, and where its time goes.
+
+Starts its own Kafka and ClickHouse, produces N events of bench/workload.py's shape (~200 bytes, 10 %
+repeats, 4 partitions) once, then runs the pipeline to the end (each run a fresh pipeline name, table,
+consumer group and checkpoint, so every run reads the same N records). Per run it prints: wall time of
+the whole process (Spark start-up included), seconds to the first committed batch, events/s over the
+whole run and from the first batch on, the driver's per-batch write time (batch_writer's log) next to
+Spark's per-batch phases (query progress ``durationMs``), and whether the table holds each first
+occurrence exactly once.
+
+``--baseline DIR`` runs a second copy of the code (e.g. ``git archive main | tar -x -C DIR``) on the
+same data, alternating A B A B, so both are measured under the same machine load. ``--profile DIR``
+wraps each run in ``py-spy record`` (driver Python, all threads, idle included) and writes the
+collapsed stacks there; ``--jfr DIR`` records the JVM with Java Flight Recorder (both summarised by
+``bench/profile_summary.py``).
+
+    python bench/bulk.py --events 200000 --runs 2 --baseline /tmp/gp-main
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from workload import Workload
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import load_example, produce, run_argv, write_pipeline
+
+REPO = Path(__file__).resolve().parents[1]
+LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
+BATCH = re.compile(r"batch (\d+): (\d+) written, .* in ([\d.]+) s")
+PROGRESS = re.compile(r"progress of batch (\d+): (\d+) input rows, durations ms (\{.*\})")
+
+
+def make_events(n: int, rate: float) -> tuple[list[tuple[bytes, bytes]], int]:
+    """N events whose event times are spread as if offered at ``rate``/s; returns them and the first
+    occurrences among them."""
+    w = Workload(seed=11)
+    t0 = time.time() - n / rate  # recent: nothing is late against a wall-clock watermark
+    out = [w.event(t0 + i / rate)[:2] for i in range(n)]
+    return out, w.firsts
+
+
+def pipeline(tmp: Path, topic: str, name: str, max_rows: int, max_offsets: int) -> Path:
+    doc = load_example("sms-dedup.yaml")
+    doc["metadata"]["name"] = name
+    spec = doc["spec"]
+    spec["sources"][0]["kafka"]["topic"] = topic
+    spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = max_offsets
+    spec["sources"][0]["schema"]["fields"].append({"name": "seq", "type": "long"})
+    spec["sink"]["clickhouse"]["table"] = name.replace("-", "_")
+    spec["sink"]["clickhouse"]["batching"] = {"maxRows": max_rows, "maxDelay": "1s"}
+    spec["deadLetter"]["topic"] = f"{topic}-dlq"
+    return write_pipeline(doc, tmp, f"{name}.yaml")
+
+
+def env_for(code: Path) -> dict[str, str]:
+    """PYTHONPATH pointing at the code tree ``code`` (this checkout or a baseline copy)."""
+    paths = [str(code / d) for d in ("operator", "sparkapp", "dev", "tests")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def become_subreaper() -> None:
+    """Orphans of a run (the Spark JVM outlives its Python parent by a moment) are re-parented to this
+    process, so reaping them adds their CPU time to ``os.times().children_*``."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def children() -> set[int]:
+    me, out = os.getpid(), set()
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
+                out.add(int(d))
+    return out
+
+
+def reap_orphans(keep: set[int], grace: float = 30.0) -> None:
+    """Wait for and reap every child not in ``keep`` (the servers): the run's re-parented orphans."""
+    deadline = time.monotonic() + grace
+    while (left := children() - keep) and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.1)
+
+
+def _ts(line: str) -> float | None:
+    m = LOG_TIME.match(line)
+    return datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp() if m else None
+
+
+def run_once(label: str, code: Path, tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, n: int,
+             firsts: int, args: argparse.Namespace) -> dict[str, Any]:
+    name = f"bulk-{label}-{uuid.uuid4().hex[:6]}"
+    path = pipeline(tmp, topic, name, args.max_rows, args.max_offsets)
+    argv = run_argv(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{name}", "--available-now")
+    if args.profile:
+        out = Path(args.profile) / f"{name}.txt"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        argv = ["py-spy", "record", "--idle", "--threads", "-r", "50", "-f", "raw", "-o", str(out), "--", *argv]
+    env = env_for(code)
+    if args.jfr:  # every JVM of the run (the driver, which runs the local executors) records to that folder
+        Path(args.jfr).mkdir(parents=True, exist_ok=True)
+        env["JAVA_TOOL_OPTIONS"] = f"-XX:StartFlightRecording=settings=profile,dumponexit=true,filename={args.jfr}/"
+    load = os.getloadavg()[0]
+    servers = children()
+    cpu0 = os.times()
+    started = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
+    wall = time.time() - started
+    reap_orphans(servers)
+    cpu1 = os.times()
+    if done.returncode != 0:
+        raise RuntimeError(f"{label} failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    (tmp / f"{name}.log").write_text(done.stderr)
+    first = None
+    batch_s: list[float] = []
+    phases: dict[str, float] = {}
+    batches = 0
+    for line in done.stderr.splitlines():
+        if m := BATCH.search(line):
+            batch_s.append(float(m.group(3)))
+            if first is None and int(m.group(2)) > 0:
+                first = _ts(line)
+        elif m := PROGRESS.search(line):
+            batches += 1
+            for k, v in json.loads(m.group(3)).items():
+                phases[k] = phases.get(k, 0.0) + float(v) / 1000
+    table = name.replace("-", "_")
+    rows, distinct = ch.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
+    to_first = (first - started) if first else float("nan")
+    child_cpu = (cpu1.children_user - cpu0.children_user) + (cpu1.children_system - cpu0.children_system)
+    res = {"label": label, "wall": wall, "to_first": to_first, "rate": n / wall,
+           "steady": n / max(wall - to_first, 1e-9), "batches": batches, "write_s": sum(batch_s),
+           "phases": phases, "cpu": child_cpu, "load": load, "exact": rows == distinct == firsts}
+    top = ", ".join(f"{k} {v:.1f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])[:5])
+    print(f"{label:9s} {n} events: {wall:6.1f} s wall ({n / wall:7,.0f} ev/s), first batch committed after "
+          f"{to_first:5.1f} s, then {res['steady']:7,.0f} ev/s; {batches} batches, driver write "
+          f"{sum(batch_s):5.1f} s; Spark phases s: {top}; CPU {child_cpu:6.1f} s "
+          f"({child_cpu / n * 1e6:,.0f} CPU-s per M events); load {load:.1f}; "
+          f"exact: {res['exact']} ({rows} rows, {distinct} keys, {firsts} first occurrences)", flush=True)
+    return res
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--events", type=int, default=200_000)
+    p.add_argument("--runs", type=int, default=1, help="runs of each variant")
+    p.add_argument("--baseline", type=Path, help="a second code tree to compare, run alternately on the same data")
+    p.add_argument("--max-rows", type=int, default=100_000, help="sink.clickhouse.batching.maxRows")
+    p.add_argument("--max-offsets", type=int, default=200_000, help="kafka.maxOffsetsPerTrigger")
+    p.add_argument("--profile", help="directory for py-spy's collapsed stacks of each run")
+    p.add_argument("--jfr", help="directory for Java Flight Recordings of each run (JVM profile; read with "
+                   "bench/profile_summary.py)")
+    args = p.parse_args()
+    become_subreaper()
+    with tempfile.TemporaryDirectory(prefix="gp-bulk-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
+        tmp = Path(d)
+        topic = "bulk-sms"
+        kafka.create_topic(topic, 4)
+        kafka.create_topic(f"{topic}-dlq", 1)
+        events, firsts = make_events(args.events, 10_000)
+        t = time.monotonic()
+        produce(kafka.bootstrap, topic, events)
+        print(f"produced {args.events} events ({args.events - firsts} repeats) to 4 partitions in "
+              f"{time.monotonic() - t:.1f} s; machine: {os.cpu_count()} cores", flush=True)
+        variants = [("this", REPO)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
+        results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in variants}
+        for _ in range(args.runs):
+            for label, code in variants:
+                results[label].append(run_once(label, code, tmp, kafka, ch, topic, args.events, firsts, args))
+        for label, rs in results.items():
+            walls = sorted(r["wall"] for r in rs)
+            print(f"{label}: median wall {walls[len(walls) // 2]:.1f} s over {len(rs)} run(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

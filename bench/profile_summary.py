@@ -1,0 +1,103 @@
+"""Where a profiled `glasspipe run` spent its time: py-spy's collapsed stacks (driver Python, wall time,
+idle included) and Java Flight Recorder execution samples (JVM, on-CPU), each grouped into the job's
+phases. Prints seconds (py-spy) or samples and shares (JFR) per phase; files come from bench/bulk.py.
+
+    python bench/profile_summary.py --pyspy /tmp/prof/bulk-this-123.txt --jfr /tmp/jfr/hotspot-pid-1.jfr
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+# (phase, any of these substrings in a frame), first match from the innermost frame's side wins for JFR,
+# from the job's own frames for py-spy.
+PYSPY_PHASES = [
+    ("Spark start-up (JVM launch, session)", ("spark_session", "launch_gateway")),
+    ("stream set-up (plan, hand-over, checkpoint)", ("start_pipeline", "prepare_handover", "output_stream")),
+    ("batch: Spark computes and collects it (toArrow)", ("batch_writer.py:88", "batch_writer.py:89",
+                                                         "batch_writer.py:90", "toArrow")),
+    ("batch: offset log read", ("offset_log", "CheckpointFiles")),
+    ("batch: sink conversion (Arrow -> driver values, order)", ("clickhouse/values.py", "_converted")),
+    ("batch: ClickHouse I/O (ledger, chunks)", ("clickhouse_driver", "clickhouse/ledger.py", "clickhouse/sink.py")),
+    ("batch: Kafka offset commit", ("kafka_offsets.py",)),
+    ("batch: dead letters", ("DeadLetters",)),
+    ("batch: metrics, key-partitioning check", ("observe_commit", "_check_key_partitioning", "freshness.py")),
+    ("batch: filtering in Arrow (status, warm-up)", ("BatchWriter.__call__",)),
+    ("waiting for the query (awaitTermination)", ("run_pipeline",)),
+    ("progress listener", ("onQueryProgress",)),
+]
+
+JFR_PHASES = [
+    ("class loading (first use of Spark/Kafka classes)", ("ClassLoader", "ZipFile", "URLClassPath", "JarFile")),
+    ("code generation (Janino compiling plans)", ("janino", "CodeGenerator", "codehaus")),
+    ("Kafka fetch", ("kafka010", "org/apache/kafka")),
+    ("JSON parsing (from_json)", ("JacksonParser", "jackson", "JsonToStructs", "json/")),
+    ("dedup state (transformWithState, RocksDB)", ("DedupProcessor", "transformwithstate", "rocksdb", "RocksDB",
+                                                   "StateStore")),
+    ("shuffle", ("shuffle", "Shuffle")),
+    ("Arrow conversion for toArrow", ("arrow", "Arrow")),
+    ("other generated code (projections, filters)", ("GeneratedClass",)),
+    ("query planning and optimisation", ("catalyst/optimizer", "catalyst/analysis", "QueryExecution",
+                                         "IncrementalExecution", "catalyst/rules")),
+    ("streaming engine (offsets, commit logs, progress)", ("execution/streaming",)),
+]
+
+
+def pyspy_summary(path: Path, rate: float) -> None:
+    per_phase: collections.Counter[str] = collections.Counter()
+    for line in path.read_text().splitlines():
+        stack, _, n = line.rpartition(" ")
+        frames = stack.split(";")
+        if any(x in stack for x in ("FinalizerWorker", "serve_forever", "CallbackServer.run")):
+            continue  # py4j's and the metrics server's idle threads
+        phase = next((name for name, marks in PYSPY_PHASES if any(m in stack for m in marks)), None)
+        if phase is None:
+            phase = "other: " + (frames[-1].split(" (")[0] if frames else "?")
+        per_phase[phase] += int(n)
+    print(f"py-spy {path.name} (seconds of wall time per thread, summed over the driver's threads):")
+    for phase, n in per_phase.most_common(14):
+        print(f"  {n / rate:7.1f} s  {phase}")
+
+
+def jfr_summary(path: Path) -> None:
+    jfr = shutil.which("jfr") or str(Path(sys.prefix).parent / "bin" / "jfr")
+    out = subprocess.run([jfr, "print", "--json", "--events", "jdk.ExecutionSample", str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    events = json.loads(out)["recording"]["events"]
+    per_phase: collections.Counter[str] = collections.Counter()
+    for e in events:
+        st = e["values"].get("stackTrace") or {}
+        frames = [f["method"]["type"]["name"] + "." + f["method"]["name"] for f in st.get("frames") or []]
+        phase = None
+        for name, marks in JFR_PHASES:  # the phase list is in priority order
+            if any(m in f for f in frames for m in marks):
+                phase = name
+                break
+        per_phase[phase or "other"] += 1
+    total = sum(per_phase.values())
+    print(f"JFR {path.name}: {total} on-CPU samples (~{total / 100:.0f} CPU-s at 10 ms per sample and thread):")
+    for phase, n in per_phase.most_common():
+        print(f"  {n:6d} {100 * n / total:5.1f} %  {phase}")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--pyspy", type=Path, nargs="*", default=[])
+    p.add_argument("--rate", type=float, default=50, help="py-spy's sampling rate (bench/bulk.py uses 50/s)")
+    p.add_argument("--jfr", type=Path, nargs="*", default=[])
+    args = p.parse_args()
+    for f in args.pyspy:
+        pyspy_summary(f, args.rate)
+    for f in args.jfr:
+        jfr_summary(f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

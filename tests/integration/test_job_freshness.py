@@ -1,0 +1,95 @@
+"""Freshness metrics of a running job: every row written is observed once in the end-to-end latency and
+event-time lag histograms its /metrics serves, with ages that fit how the records were produced."""
+
+from __future__ import annotations
+
+import time
+import urllib.request
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import dumps, load_example, produce, start_continuous, write_pipeline
+from glasspipe_dev.process import free_port
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar", "spark_jars")]
+
+
+def scrape(port: int) -> dict[tuple[str, str], float]:
+    """(sample name, le) -> value of the replica-0 series of pipeline 'fresh-*'."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.labels.get("replica") == "0" and s.labels.get("pipeline", "").startswith("fresh-"):
+                out[(s.name, s.labels.get("le", ""))] = s.value
+    return out
+
+
+def test_latency_and_event_time_lag_are_observed_per_row_written(
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
+    kafka.create_topic(topic, 2)
+    kafka.create_topic(f"{topic}-dlq", 1)
+    doc = load_example("sms-dedup.yaml")
+    doc["metadata"]["name"] = f"fresh-{suffix}"
+    spec = doc["spec"]
+    spec["sources"][0]["kafka"]["topic"] = topic
+    spec["sink"]["clickhouse"]["table"] = table
+    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 10_000, "maxDelay": "500ms"}
+    spec["deadLetter"]["topic"] = f"{topic}-dlq"
+    path = write_pipeline(doc, tmp_path)
+    port = free_port()
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
+                           tmp_path / "job.log", "--metrics-port", str(port))
+    uniques, repeats = 2_000, 300
+    event_base = datetime.now(UTC) - timedelta(seconds=30)  # event times 30-32 s before they are produced
+    records = [(f"f-{i}".encode(), dumps({"sms_id": f"f-{i}", "status": "first", "phone": "+1",
+                                          "meta": {"provider": "p"},
+                                          "sent_at": (event_base + timedelta(milliseconds=i)).isoformat()}))
+               for i in range(uniques)]
+    records += records[:repeats]  # duplicates: dropped, so never observed
+    try:
+        produced_from = time.time()
+        produce(kafka.bootstrap, topic, records)
+        produced_to = time.time()
+        deadline = time.monotonic() + 240
+        got: dict[tuple[str, str], float] = {}
+        while time.monotonic() < deadline:
+            assert job.alive(), job.log_tail(60)
+            got = scrape(port)
+            if got.get(("glasspipe_end_to_end_latency_seconds_count", ""), 0) >= uniques:
+                break
+            time.sleep(0.5)
+        seen_at = time.time()
+        time.sleep(2)  # nothing more arrives: each row is observed once
+        got = scrape(port)
+    finally:
+        job.stop()
+    rows = clickhouse.client().execute(f"SELECT count() FROM {table}")[0][0]
+    assert rows == uniques
+    lat_count = got[("glasspipe_end_to_end_latency_seconds_count", "")]
+    lag_count = got[("glasspipe_event_time_lag_seconds_count", "")]
+    assert lat_count == lag_count == uniques, got
+    # every latency lies between 0 and the time from the first produce to the scrape that saw them all
+    mean_latency = got[("glasspipe_end_to_end_latency_seconds_sum", "")] / lat_count
+    assert 0 < mean_latency <= seen_at - produced_from, (mean_latency, got)
+    assert got[("glasspipe_end_to_end_latency_seconds_bucket", "+Inf")] == uniques
+    # event times were 30-32 s before the produce: the lag is at least 30 s, at most that plus the latency
+    assert got[("glasspipe_event_time_lag_seconds_bucket", "10.0")] == 0
+    mean_lag = got[("glasspipe_event_time_lag_seconds_sum", "")] / lag_count
+    assert 30 <= mean_lag <= 32 + (seen_at - produced_from), mean_lag
+    last = got[("glasspipe_last_committed_event_time_seconds", "")]
+    newest = (event_base + timedelta(milliseconds=uniques - 1)).timestamp()
+    assert last == pytest.approx(newest, abs=1e-3), (last, newest)
+    print(f"{uniques} rows produced in {produced_to - produced_from:.1f} s: mean end-to-end latency "
+          f"{mean_latency:.2f} s, mean event-time lag {mean_lag:.2f} s")
