@@ -15,7 +15,7 @@ from glasspipe_dev.kube import KubeAPIServer
 from operator_harness import Operator, running_operator
 from spark_operator_standin import StandInProcess
 
-pytest_plugins = ["fixtures_kafka", "fixtures_clickhouse", "fixtures_kube", "fixtures_jvm_ops"]
+pytest_plugins = ["fixtures_kafka", "fixtures_clickhouse", "fixtures_kube", "fixtures_jvm_ops", "fixtures_cluster"]
 
 
 @pytest.fixture(scope="module")

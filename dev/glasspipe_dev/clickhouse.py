@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape
@@ -46,7 +46,7 @@ _CONFIG = """<?xml version="1.0"?>
         <count>2</count>
         <console>0</console>
     </logger>
-    <listen_host>127.0.0.1</listen_host>
+    <listen_host>{listen_host}</listen_host>
     <tcp_port>{tcp_port}</tcp_port>
     <http_port>{http_port}</http_port>{secure}
     <max_connections>256</max_connections>
@@ -92,7 +92,7 @@ _USERS = """<?xml version="1.0"?>
             <password></password>
             <networks>
                 <ip>127.0.0.1</ip>
-                <ip>::1</ip>
+                <ip>::1</ip>{extra_networks}
             </networks>
             <profile>default</profile>
             <quota>default</quota>
@@ -165,9 +165,13 @@ class ClickHouseServer(RestartableServer):
         start_timeout: float = 60.0,
         tls: CertAndKey | None = None,
         users: Mapping[str, str] | None = None,
+        host: str = "127.0.0.1",
+        networks: Sequence[str] = (),
     ) -> None:
         """``tls``: also listen with TLS on ``secure_port`` with this certificate; ``users``: extra users
-        (name -> password) besides ``default`` (no password), allowed from loopback."""
+        (name -> password) besides ``default`` (no password), allowed from loopback; ``host``: the address to
+        listen on (e.g. the node's, for pods of glasspipe_dev.cluster); ``networks``: more client networks
+        (CIDRs, e.g. the pod subnet) the ``default`` user may connect from."""
         self.binary = find_server_binary()
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gp-clickhouse-"))
@@ -177,6 +181,8 @@ class ClickHouseServer(RestartableServer):
         self.users_path = self.workdir / "users.xml"
         self.tls = tls
         self.users = dict(users or {})
+        self.host = host
+        self.networks = list(networks)
         self.secure_port: int | None = None
         if tls is not None:
             self.port, self.http_port, self.secure_port = free_ports(3)
@@ -205,12 +211,14 @@ class ClickHouseServer(RestartableServer):
                 data_dir=self.data_dir,
                 log_dir=self.log_dir,
                 users_xml=self.users_path,
+                listen_host=self.host,
                 secure=_SECURE.format(port=self.secure_port, cert=self.tls.cert, key=self.tls.key) if self.tls else "",
                 **self._settings,
             )
         )
         extra = "".join(_USER.format(name=n, password=escape(p)) for n, p in sorted(self.users.items()))
-        self.users_path.write_text(_USERS.format(extra_users=extra, **self._settings))
+        networks = "".join(f"\n                <ip>{escape(n)}</ip>" for n in [self.host, *self.networks])
+        self.users_path.write_text(_USERS.format(extra_users=extra, extra_networks=networks, **self._settings))
 
     def start(self) -> ClickHouseServer:
         """Start (or start again after stop()/kill()) on the same ports and data; wait for SELECT 1."""

@@ -103,7 +103,10 @@ class KafkaServer(RestartableServer):
         version: str = KAFKA_VERSION,
         config: Mapping[str, str] | None = None,
         start_timeout: float = 90.0,
+        host: str = "127.0.0.1",
     ) -> None:
+        """``host``: the address to listen on and advertise (the node's, for pods of glasspipe_dev.cluster)."""
+        self.host = host
         self.home = kafka_home(version)
         self.java = java_binary()
         self.version = version

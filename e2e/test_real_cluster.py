@@ -1,0 +1,281 @@
+"""The full path on real Kubernetes machinery: a kubelet with containerd and runc, the scheduler, the
+controller-manager's garbage collector, the real Kubeflow spark-operator (v2.5.2, built from its Go
+module) and driver pods of the project's Spark image reading the local Kafka and writing the local
+ClickHouse.
+
+`helm install` of the chart gives the CRD, the operator's ServiceAccount and RBAC, the Spark
+ServiceAccount and Role in the job namespace, and the operator Deployment. The operator itself runs as a
+host process under the chart's ServiceAccount token, not as the Deployment's pod: the API server of
+glasspipe_dev.kube listens on 127.0.0.1 only and the node runs no kube-proxy (which would rewrite the
+shared host's iptables), so a pod reaches neither the API server nor the `kubernetes` Service's
+ClusterIP. spark-operator is a host process for the same reason. Driver pods need no API server: Spark
+runs in local mode inside them (spec.spark.conf spark.master=local[1]), and Kafka and ClickHouse listen
+on the node's address, which pods reach through the CNI bridge's gateway.
+Settings for the 2-core machine: e2e/README.md.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fixtures_cluster import import_project_image
+from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.cluster import CLUSTER_CIDR, Cluster, host_ip
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.kube import kube_bin
+from glasspipe_dev.pipelines import load_example, produce, write_pipeline
+from glasspipe_dev.spark_operator import SparkOperator
+from operator_harness import Operator, wait_for
+from test_full_path import Clock, assert_exact, batch
+
+pytestmark = pytest.mark.e2e
+
+NAME = "sms-dedup"
+RELEASE = "gp"
+GP = "glasspipelines.glasspipe.io"
+ROOT = Path(__file__).resolve().parents[1]
+APP_TIMEOUT = 900.0  # image start-up, JVM and Spark start in a pod on a loaded 2-core box
+# What one driver pod asks for: Spark in local mode with one core inside the pod, a small heap, and a
+# CPU request of a quarter core so that two replicas and the operator fit a 2-core node.
+SPARK_SETTINGS: dict[str, Any] = {
+    "driver": {"cores": 1, "memory": "768m"},
+    "executor": {"instances": 1, "cores": 1, "memory": "512m"},  # unused: no executor pods in local mode
+    "conf": {
+        "spark.master": "local[1]",
+        "spark.kubernetes.driver.request.cores": "250m",
+        "spark.ui.enabled": "false",
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def node_kafka() -> Iterator[KafkaServer]:
+    """Kafka on the node's address (pods cannot reach the host's loopback)."""
+    server = KafkaServer(host=host_ip())
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def node_clickhouse() -> Iterator[ClickHouseServer]:
+    """ClickHouse on the node's address, its default user allowed from the pod network."""
+    server = ClickHouseServer(host=host_ip(), networks=[CLUSTER_CIDR])
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+def helm(cluster: Cluster, *args: str) -> str:
+    import subprocess
+
+    res = subprocess.run([str(kube_bin("helm")), *args], capture_output=True, text=True, timeout=300,
+                         env={"KUBECONFIG": str(cluster.kubeconfig), "PATH": "/usr/bin:/bin",
+                              "HOME": str(cluster.dir)})
+    assert res.returncode == 0, f"helm {' '.join(args)}: {res.stderr}"
+    return res.stdout
+
+
+def pods(cluster: Cluster, ns: str, selector: str) -> list[dict[str, Any]]:
+    out = cluster.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout
+    return list(json.loads(out)["items"])
+
+
+def app_states(op: Operator, ns: str) -> dict[str, tuple[str, int, str]]:
+    out = {}
+    for name, a in op.apps(ns).items():
+        if a["metadata"].get("deletionTimestamp"):
+            continue
+        st = a.get("status") or {}
+        app_state = st.get("applicationState") or {}
+        out[name] = (app_state.get("state", ""), int(st.get("executionAttempts") or 0),
+                     app_state.get("errorMessage", ""))
+    return out
+
+
+def condition_is(op: Operator, ns: str, ctype: str, status: str, reason: str) -> dict[str, Any] | None:
+    c = op.condition(ns, NAME, ctype)
+    return c if (c.get("status"), c.get("reason")) == (status, reason) else None
+
+
+def count(ch: ClickHouseServer, table: str) -> int:
+    return int(ch.client().execute(f"SELECT count() FROM {table}")[0][0])
+
+
+def test_real_cluster_apply_scale_delete_pod_delete(
+    tmp_path: Path, cluster: Cluster, node_kafka: KafkaServer, node_clickhouse: ClickHouseServer
+) -> None:
+    clock, rng = Clock(), random.Random(12)
+    kafka, ch = node_kafka, node_clickhouse
+    ns, system_ns = f"rc-{uuid.uuid4().hex[:6]}", f"glasspipe-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", ns)
+    clock.mark(f"cluster up (cold start {cluster.startup_seconds:.1f} s); Kafka {kafka.bootstrap}, "
+               f"ClickHouse {ch.host}:{ch.port}")
+
+    # ---- helm install: CRD, RBAC, the Spark ServiceAccount in the job namespace, the Deployment
+    operator_image = import_project_image(cluster, "glasspipe-operator")
+    repo, tag = operator_image.rsplit(":", 1)
+    helm(cluster, "install", RELEASE, str(ROOT / "charts" / "glasspipe"), "-n", system_ns, "--create-namespace",
+         "--set-json", f'watchNamespaces=["{ns}"]', "--set-json", f'spark.jobNamespaces=["{ns}"]',
+         "--set", f"image.repository={repo}", "--set", f"image.tag={tag}", "--set", "image.pullPolicy=Never",
+         "--wait=false")
+    clock.mark(f"helm install {RELEASE} -n {system_ns}")
+    deploy = f"{RELEASE}-glasspipe"
+    # The operator's pod: it starts on the node but cannot reach the API server (see the docstring).
+    seen: dict[str, Any] = {}
+    logs = ""
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not seen.get("restartCount"):
+        found = pods(cluster, system_ns, "app.kubernetes.io/name=glasspipe-operator")
+        statuses = found[0].get("status", {}).get("containerStatuses") if found else None
+        seen = statuses[0] if statuses else {}
+        if found and seen.get("started") is not None:
+            logs = cluster.kubectl("logs", found[0]["metadata"]["name"], "-n", system_ns, "--tail=3",
+                                   check=False).stdout.strip()
+        time.sleep(3)
+    print(f"[real-cluster] the operator's pod: restarts {seen.get('restartCount')}, state "
+          f"{json.dumps(seen.get('state'))}, last {json.dumps(seen.get('lastState'))}; log tail:\n{logs}")
+    cluster.kubectl("scale", f"deployment/{deploy}", "-n", system_ns, "--replicas=0")
+    kubeconfig = cluster.api.service_account_kubeconfig(system_ns, deploy, create=False)
+    op = Operator(cluster.api, kubeconfig, tmp_path / "operator.log")
+    op.start([f"--namespace={ns}"])
+    spark_operator = SparkOperator(cluster, [ns]).start()
+    try:
+        clock.mark("operator (chart ServiceAccount) and spark-operator running as host processes")
+        spark_image = import_project_image(cluster, "glasspipe-spark")
+        clock.mark(f"imported {spark_image}")
+        _scenario(tmp_path, cluster, op, spark_operator, kafka, ch, ns, spark_image, clock, rng)
+    finally:
+        spark_operator.stop()
+        op.stop()
+    text = op.log.read_text(errors="replace")
+    assert "forbidden" not in text.lower(), f"the operator hit RBAC denials:\n{op.proc.log_tail(80)}"
+
+
+def _scenario(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator, kafka: KafkaServer,
+              ch: ClickHouseServer, ns: str, image: str, clock: Clock, rng: random.Random) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    topic, table = f"rc-sms-{suffix}", f"rc_sms_{suffix}"
+    kafka.create_topic(topic, 4)
+    kafka.create_topic(f"{topic}-dlq", 1)
+
+    def debug() -> str:
+        listing = cluster.kubectl("get", "pods,sparkapplications", "-n", ns, "-o", "wide", check=False).stdout
+        return f"{listing}\nspark-operator:\n{so.logs()}\noperator:\n{op.proc.log_tail(40)}"
+
+    def wait_ready(what: str, timeout: float = APP_TIMEOUT) -> None:
+        try:
+            wait_for(lambda: condition_is(op, ns, "Ready", "True", "AllReplicasRunning"), f"{what}", timeout, op,
+                     interval=2.0)
+        except BaseException:
+            print(debug())
+            raise
+        clock.mark(what)
+
+    def wait_rows(rows: int) -> None:
+        def check() -> bool:
+            n = count(ch, table)
+            assert n >= rows, f"{n} of {rows} rows"
+            return True
+        try:
+            wait_for(check, f"{rows} rows in {table}", APP_TIMEOUT, interval=2.0)
+        except BaseException:
+            print(debug())
+            raise
+        time.sleep(5)  # a late duplicate would land within a batch or two
+
+    # ---- (1) kubectl apply of the sms-dedup example, pointed at the node's Kafka and ClickHouse
+    doc = load_example("sms-dedup.yaml")
+    doc["metadata"] = {"name": NAME, "namespace": ns}
+    spec: dict[str, Any] = doc["spec"]
+    spec["sources"][0]["kafka"].update(bootstrapServers=kafka.bootstrap, topic=topic)
+    spec["sink"]["clickhouse"].update(hosts=[f"{ch.host}:{ch.port}"], table=table)
+    spec["deadLetter"]["topic"] = f"{topic}-dlq"
+    # Inside the driver pod: a new driver pod starts a new checkpoint from ClickHouse's ledger (and re-reads
+    # the dedup window as warm-up), which is the path a lost checkpoint takes (docs/exactly-once.md).
+    spec["checkpoint"]["location"] = f"file:///tmp/glasspipe-checkpoints/{NAME}"
+    spec["spark"] = {**SPARK_SETTINGS, "image": image, "imagePullPolicy": "Never"}
+    records, firsts1 = batch("a", 2000, timedelta(0), 500, [], timedelta(0), rng)
+    produce(kafka.bootstrap, topic, records)
+    t_apply = time.monotonic()
+    op.k("apply", "-f", str(write_pipeline(doc, tmp_path)))
+    clock.mark(f"kubectl apply {NAME}; produced {len(records)} events, 2000 keys")
+    wait_ready("GlassPipeline Ready=True (1 replica)")
+    ready_s = time.monotonic() - t_apply
+    apps = op.apps(ns)
+    driver = apps[f"{NAME}-0"]["status"]["driverInfo"]["podName"]
+    pod = json.loads(cluster.kubectl("get", "pod", driver, "-n", ns, "-o", "json").stdout)
+    assert pod["spec"]["containers"][0]["image"] == image and pod["status"]["phase"] == "Running", pod["status"]
+    assert pod["spec"]["serviceAccountName"] == "spark-operator-spark"
+    assert pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "250m"
+    wait_rows(2000)
+    assert_exact(ch, table, 2000)
+    clock.mark(f"(1) 2000 rows, one per sms_id ({ready_s:.1f} s from kubectl apply to Ready)")
+    print(f"[real-cluster] kubectl apply -> Ready in {ready_s:.1f} s")
+
+    # ---- (2) kubectl scale to 2 and back to 1
+    op.k("scale", f"{GP}/{NAME}", "-n", ns, "--replicas=2")
+    wait_for(lambda: sorted(app_states(op, ns)) == [f"{NAME}-0", f"{NAME}-1"] or None, "two applications",
+             APP_TIMEOUT, op, interval=2.0)
+    wait_ready("scaled to 2: GlassPipeline Ready=True")
+    for i in (0, 1):
+        config = json.loads(op.apps(ns)[f"{NAME}-{i}"]["spec"]["arguments"][1])
+        assert (config["replica"], config["replicas"]) == (i, 2)
+    assert len([p for p in pods(cluster, ns, "spark-role=driver") if p["status"]["phase"] == "Running"]) == 2
+    records, firsts2 = batch("b", 1000, timedelta(seconds=60), 300, firsts1, timedelta(seconds=100), rng)
+    produce(kafka.bootstrap, topic, records)
+    wait_rows(3000)
+    assert_exact(ch, table, 3000)
+    clock.mark("(2) 3000 rows, one per sms_id, with 2 replicas")
+
+    # ---- (3) delete a driver pod mid-stream: Degraded, then Ready again, rows exact
+    victim = op.apps(ns)[f"{NAME}-1"]["status"]["driverInfo"]["podName"]
+    records, firsts3 = batch("c", 500, timedelta(seconds=150), 200, firsts1 + firsts2, timedelta(seconds=170), rng)
+    produce(kafka.bootstrap, topic, records[: len(records) // 2])
+    cluster.kubectl("delete", "pod", victim, "-n", ns, "--wait=false")
+    clock.mark(f"kubectl delete pod {victim}")
+    produce(kafka.bootstrap, topic, records[len(records) // 2:])
+    degraded = wait_for(lambda: condition_is(op, ns, "Degraded", "True", "ReplicaFailed"), "Degraded", 300, op,
+                        interval=1.0)
+    clock.mark(f"GlassPipeline Degraded=True: {degraded['message'].splitlines()[0]}")
+    assert f"{NAME}-1" in degraded["message"], degraded
+    wait_ready("GlassPipeline Ready=True again after the driver pod's deletion")
+    assert app_states(op, ns)[f"{NAME}-1"][1] >= 2, app_states(op, ns)
+    wait_rows(3500)
+    assert_exact(ch, table, 3500)
+    clock.mark("(3) 3500 rows, one per sms_id, across the deleted driver pod")
+
+    op.k("scale", f"{GP}/{NAME}", "-n", ns, "--replicas=1")
+    wait_for(lambda: sorted(app_states(op, ns)) == [f"{NAME}-0"] or None, "one application", APP_TIMEOUT, op,
+             interval=2.0)
+    wait_ready("scaled back to 1: GlassPipeline Ready=True")
+    records, _ = batch("d", 300, timedelta(seconds=200), 100, firsts2 + firsts3, timedelta(seconds=210), rng)
+    produce(kafka.bootstrap, topic, records)
+    wait_rows(3800)
+    assert_exact(ch, table, 3800)
+    clock.mark("(4) 3800 rows, one per sms_id, back on 1 replica")
+
+    # ---- (5) delete the pipeline: the garbage collector removes the applications, spark-operator the pods
+    op.k("delete", f"{GP}/{NAME}", "-n", ns, "--wait=false")
+
+    def all_gone() -> bool:
+        left_apps = op.apps(ns)
+        left_pods = pods(cluster, ns, f"glasspipe.io/pipeline={NAME}")
+        assert not left_apps and not left_pods, (sorted(left_apps), [p["metadata"]["name"] for p in left_pods])
+        return True
+    wait_for(all_gone, "every SparkApplication and driver pod gone", 180, op, interval=1.0)
+    clock.mark("(5) pipeline deleted: no SparkApplication, no driver pod left")
+    assert count(ch, table) == 3800
