@@ -3,7 +3,9 @@ each replica is its own `glasspipe run` process, as each would be its own SparkA
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -195,3 +197,58 @@ def test_returning_to_an_earlier_layout_writes_nothing_twice(
         stop_all([job])
     s.assert_exact()
     assert "set aside" in (tmp_path / "r0of1.log").read_text()
+
+
+def test_a_paused_old_replica_that_wakes_after_a_rescale_stops_by_itself(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Issue #14, fencing: the old layout's driver keeps running after its SparkApplication was deleted.
+    One replica is SIGSTOPped (JVM and Python) in the middle of a batch; two replicas of the new layout start
+    on the same checkpoint root, roll its batch back and write; then the old one is SIGCONTed. ClickHouse
+    must end exact and the old replica must stop by itself, saying which writer superseded it."""
+    s = Stream(tmp_path, kafka, clickhouse)
+    s.produce(new=2_000, repeats=500)
+    old = s.start(1, 0)
+    jobs: list[ServerProcess] = []
+    pgid = 0
+    try:
+        s.wait_drained([old], timeout=900)
+        layout = s.checkpoint / "replica-0-of-1"
+        planned_before = max((int(p.name) for p in (layout / "offsets").iterdir() if p.name.isdigit()), default=-1)
+        s.produce(new=6_000, repeats=1_500)  # several batches of 3,000 records
+        deadline = time.monotonic() + 600
+        while True:  # pause it once a batch is planned (offset log) but not committed
+            assert old.alive() and time.monotonic() < deadline, old.log_tail(60)
+            planned = max((int(p.name) for p in (layout / "offsets").iterdir() if p.name.isdigit()), default=-1)
+            if planned > planned_before and not (layout / "commits" / str(planned)).exists():
+                break
+            time.sleep(0.01)
+        assert old.proc is not None
+        pgid = os.getpgid(old.proc.pid)
+        time.sleep(random.Random(5).uniform(0.0, 1.5))  # somewhere in the batch: compute, chunks or ledger
+        os.killpg(pgid, signal.SIGSTOP)
+        paused_in = planned
+        jobs = [s.start(2, i) for i in range(2)]
+        s.produce(new=500, repeats=500)
+        s.wait_drained(jobs, timeout=900)
+        s.assert_exact()  # the new layout alone: exact while the old one sleeps
+        os.killpg(pgid, signal.SIGCONT)
+        pgid = 0
+        woke = time.monotonic()
+        s.produce(new=500, repeats=500)  # new records on every partition: the old replica plans a batch too
+        while old.alive() and time.monotonic() - woke < 300:
+            time.sleep(0.5)
+        stopped_after = time.monotonic() - woke
+        log = (tmp_path / "r0of1.log").read_text()
+        assert not old.alive(), f"the stale replica still runs {stopped_after:.0f} s after it woke:\n{log[-4000:]}"
+        superseded = [line for line in log.splitlines() if "superseded by writer" in line]
+        assert superseded, log[-4000:]
+        s.produce(new=200, repeats=200)
+        s.wait_drained(jobs, timeout=600)
+    finally:
+        if pgid:
+            os.killpg(pgid, signal.SIGCONT)
+        stop_all([old, *jobs])
+    print(f"paused in batch {paused_in}; stale replica stopped {stopped_after:.1f} s after SIGCONT: "
+          f"{superseded[0][-300:]}")
+    s.assert_exact()
