@@ -37,7 +37,8 @@ from glasspipe_dev.spark_operator import SparkOperator
 from operator_harness import Operator, wait_for
 from test_full_path import Clock, assert_exact, batch
 
-pytestmark = pytest.mark.e2e
+# Image imports, spark-submit and Spark start-up in pods: 25-35 min on the loaded 2-core machine.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
 
 NAME = "sms-dedup"
 RELEASE = "gp"
@@ -112,6 +113,9 @@ def condition_is(op: Operator, ns: str, ctype: str, status: str, reason: str) ->
 
 
 def count(ch: ClickHouseServer, table: str) -> int:
+    """Rows in ``table``; 0 until the job has created it."""
+    if not ch.client().execute(f"EXISTS TABLE {table}")[0][0]:
+        return 0
     return int(ch.client().execute(f"SELECT count() FROM {table}")[0][0])
 
 
@@ -138,7 +142,7 @@ def test_real_cluster_apply_scale_delete_pod_delete(
     seen: dict[str, Any] = {}
     logs = ""
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not seen.get("restartCount"):
+    while time.monotonic() < deadline and not seen.get("restartCount") and "10.96.0.1" not in logs:
         found = pods(cluster, system_ns, "app.kubernetes.io/name=glasspipe-operator")
         statuses = found[0].get("status", {}).get("containerStatuses") if found else None
         seen = statuses[0] if statuses else {}
@@ -174,7 +178,11 @@ def _scenario(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator,
 
     def debug() -> str:
         listing = cluster.kubectl("get", "pods,sparkapplications", "-n", ns, "-o", "wide", check=False).stdout
-        return f"{listing}\nspark-operator:\n{so.logs()}\noperator:\n{op.proc.log_tail(40)}"
+        drivers = "".join(
+            f"--- {p['metadata']['name']} ---\n"
+            + cluster.kubectl("logs", p["metadata"]["name"], "-n", ns, "--tail=25", check=False).stdout
+            for p in pods(cluster, ns, "spark-role=driver"))
+        return f"{listing}\n{drivers}\nspark-operator:\n{so.logs()}\noperator:\n{op.proc.log_tail(40)}"
 
     def wait_ready(what: str, timeout: float = APP_TIMEOUT) -> None:
         try:
@@ -222,9 +230,10 @@ def _scenario(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator,
     assert pod["spec"]["serviceAccountName"] == "spark-operator-spark"
     assert pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "250m"
     wait_rows(2000)
+    rows_s = time.monotonic() - t_apply
     assert_exact(ch, table, 2000)
     clock.mark(f"(1) 2000 rows, one per sms_id ({ready_s:.1f} s from kubectl apply to Ready)")
-    print(f"[real-cluster] kubectl apply -> Ready in {ready_s:.1f} s")
+    print(f"[real-cluster] kubectl apply -> Ready in {ready_s:.1f} s, -> 2000 rows in {rows_s:.1f} s")
 
     # ---- (2) kubectl scale to 2 and back to 1
     op.k("scale", f"{GP}/{NAME}", "-n", ns, "--replicas=2")
