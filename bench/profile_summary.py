@@ -61,8 +61,8 @@ def pyspy_summary(path: Path, rate: float) -> None:
             phase = "other: " + (frames[-1].split(" (")[0] if frames else "?")
         per_phase[phase] += int(n)
     print(f"py-spy {path.name} (seconds of wall time per thread, summed over the driver's threads):")
-    for phase, n in per_phase.most_common(14):
-        print(f"  {n / rate:7.1f} s  {phase}")
+    for phase, count in per_phase.most_common(14):
+        print(f"  {count / rate:7.1f} s  {phase}")
 
 
 def jfr_summary(path: Path) -> None:

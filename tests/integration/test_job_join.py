@@ -272,7 +272,8 @@ def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
     j.produce(orders=[order("o99", "u99", later)], users=[user("u99", "SE", later)])
     third = j.run()
     assert "rows written 2," in third and "dead-lettered 0 {}" in third, third
-    expected = [(f"o{i:02d}", f"u{i % 5}", "NL", "free") for i in range(20)]
+    expected: list[tuple[str, str, str | None, str | None]] = [
+        (f"o{i:02d}", f"u{i % 5}", "NL", "free") for i in range(20)]
     expected += [("o-nobody", "nobody", None, None), ("o21", "u2", "NL", "free"), ("o99", "u99", "SE", "free")]
     assert j.rows() == sorted(expected, key=lambda r: (r[0], r[2] or "")), (first, second, third)
     dead = consume_all(kafka.bootstrap, j.dlq, expected=8)

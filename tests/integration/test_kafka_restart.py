@@ -42,9 +42,10 @@ def own_kafka(tmp_path: Path) -> Iterator[KafkaServer]:
 
 
 def sms(i: int, status: str = "first", seconds: float = 0.0) -> tuple[bytes, bytes]:
-    doc = {"sms_id": f"k-{i:06d}", "status": status, "phone": "+100", "meta": {"provider": "p"},
+    key = f"k-{i:06d}"
+    doc = {"sms_id": key, "status": status, "phone": "+100", "meta": {"provider": "p"},
            "sent_at": (T0 + timedelta(milliseconds=20 * i, seconds=seconds)).isoformat()}
-    return doc["sms_id"].encode(), dumps(doc)
+    return key.encode(), dumps(doc)
 
 
 def records(lo: int, hi: int) -> list[tuple[bytes, bytes]]:
