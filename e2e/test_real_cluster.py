@@ -38,7 +38,7 @@ from operator_harness import Operator, wait_for
 from test_full_path import Clock, assert_exact, batch
 
 # Image imports, spark-submit and Spark start-up in pods: 25-35 min on the loaded 2-core machine.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.timeout(3600)]
 
 NAME = "sms-dedup"
 RELEASE = "gp"
