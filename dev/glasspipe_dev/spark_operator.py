@@ -91,7 +91,13 @@ class SparkOperator:
             # spark-submit's JVM: small, it only creates the driver pod.
             "SPARK_SUBMIT_OPTS": "-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
         }
-        self.proc = ServerProcess("spark-operator", argv, self.cluster.dir / "spark-operator.log", env=env).start()
+        self.proc = ServerProcess("spark-operator", argv, self.cluster.dir / "spark-operator.log", env=env)
+        # spark-submit copies PYSPARK_PYTHON into the driver pod's environment: the tests' own interpreter
+        # (set by glasspipe_dev.spark for local sessions) does not exist in the image, so the driver would
+        # fail with "Cannot run program …/venv/bin/python". The image sets its own.
+        for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+            self.proc.env.pop(name, None)
+        self.proc.start()
 
         def ready() -> bool:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
