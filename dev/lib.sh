@@ -14,6 +14,15 @@ if [ -z "${JAVA_HOME:-}" ] && [ -d /usr/lib/jvm/java-17-openjdk-amd64 ]; then
   export JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64
 fi
 
+# One Go build environment for every Go build (kube-apiserver, the node commands, spark-operator, helm):
+# module and build caches under the glasspipe cache, so one directory holds everything CI must keep.
+gp_go_env() {
+  export GOMODCACHE="$GLASSPIPE_CACHE/go/mod"
+  export GOCACHE="$GLASSPIPE_CACHE/go/build"
+  export GOFLAGS="-modcacherw -buildvcs=false"
+  export GOTOOLCHAIN=local
+  export CGO_ENABLED=0
+}
 gp_log() { printf '[glasspipe-dev] %s\n' "$*" >&2; }
 
 # Run "$@" and print how long it took, so set-up times are visible in CI logs.

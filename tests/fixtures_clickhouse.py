@@ -11,18 +11,10 @@ from collections.abc import Iterator
 import pytest
 
 from glasspipe_dev.clickhouse import INSTALL_HINT, ClickHouseServer
-from glasspipe_dev.paths import NotInstalledError
+from server_fixture import started_server
 
 
 @pytest.fixture(scope="session")
 def clickhouse() -> Iterator[ClickHouseServer]:
     """A started ClickHouseServer on free loopback ports with a temporary data folder."""
-    try:
-        server = ClickHouseServer()
-    except NotInstalledError as e:
-        pytest.fail(f"ClickHouse is not installed: {e}. Fix: {INSTALL_HINT}", pytrace=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+    yield from started_server(ClickHouseServer, "ClickHouse", INSTALL_HINT)

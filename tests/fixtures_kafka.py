@@ -13,20 +13,13 @@ import pytest
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import NotInstalledError
 from glasspipe_dev.spark import spark_jars as find_spark_jars
+from server_fixture import started_server
 
 
 @pytest.fixture(scope="session")
 def kafka() -> Iterator[KafkaServer]:
     """A started single-node KRaft Kafka on free loopback ports with a temporary data folder."""
-    try:
-        server = KafkaServer()
-    except NotInstalledError as e:
-        pytest.fail(f"Kafka is not installed: {e}", pytrace=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+    yield from started_server(KafkaServer, "Kafka")
 
 
 @pytest.fixture(scope="session")

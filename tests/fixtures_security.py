@@ -18,6 +18,7 @@ from glasspipe_dev.clickhouse import INSTALL_HINT, ClickHouseServer
 from glasspipe_dev.kafka_secure import SecureKafkaServer
 from glasspipe_dev.paths import NotInstalledError
 from glasspipe_dev.tls import Pki, make_pki
+from server_fixture import started_server
 
 KAFKA_USER = "glasspipe-job"
 CLICKHOUSE_USER = "glasspipe_writer"
@@ -53,27 +54,13 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
 @pytest.fixture(scope="session")
 def secure_kafka(pki: Pki, test_secrets: SecretValues) -> Iterator[SecureKafkaServer]:
     """A KRaft broker with PLAINTEXT, SASL_SSL, SASL_PLAINTEXT, SSL and MTLS listeners; one SCRAM/PLAIN user."""
-    try:
-        server = SecureKafkaServer(pki, {KAFKA_USER: test_secrets.kafka_password})
-    except NotInstalledError as e:
-        pytest.fail(f"Kafka is not installed: {e}", pytrace=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+    yield from started_server(lambda: SecureKafkaServer(pki, {KAFKA_USER: test_secrets.kafka_password}), "Kafka")
 
 
 @pytest.fixture(scope="session")
 def secure_clickhouse(pki: Pki, test_secrets: SecretValues) -> Iterator[ClickHouseServer]:
     """A ClickHouse with TLS on its secure native port and a password user (plus the plain port for checks)."""
-    try:
-        server = ClickHouseServer(tls=pki.server, users={CLICKHOUSE_USER: test_secrets.clickhouse_password})
-    except NotInstalledError as e:
-        pytest.fail(f"ClickHouse is not installed: {e}. Fix: {INSTALL_HINT}", pytrace=False)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.close()
+    yield from started_server(
+        lambda: ClickHouseServer(tls=pki.server, users={CLICKHOUSE_USER: test_secrets.clickhouse_password}),
+        "ClickHouse", INSTALL_HINT)
 

@@ -21,11 +21,7 @@ PAUSE_DIR="$GLASSPIPE_CACHE/images"
 PAUSE_TAR="$PAUSE_DIR/pause-$PAUSE_VERSION.oci.tar"
 APT_PKGS=(containerd runc containernetworking-plugins iptables conntrack)
 
-export GOMODCACHE="$GLASSPIPE_CACHE/go/mod"
-export GOCACHE="$GLASSPIPE_CACHE/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN=local
-export CGO_ENABLED=0
+gp_go_env
 
 install_debs() {
   local missing=() p

@@ -15,12 +15,7 @@ HELM_VERSION="${GP_HELM_VERSION:-v3.22.0}"
 ETCD_SERIES="3.5."
 KUBECTL_SERIES="1.36."
 
-# Go caches under the glasspipe cache so that one directory holds everything CI must keep.
-export GOMODCACHE="$GLASSPIPE_CACHE/go/mod"
-export GOCACHE="$GLASSPIPE_CACHE/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN=local
-export CGO_ENABLED=0
+gp_go_env
 
 need_go() {
   if ! command -v go >/dev/null 2>&1; then

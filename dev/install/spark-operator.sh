@@ -12,11 +12,7 @@ SO_MODULE="github.com/kubeflow/spark-operator/v2"
 SO_VERSION="$(awk -v m="$SO_MODULE" '$1 == "require" && $2 == m {print $3}' "$BUILD_DIR/go.mod")"
 OUT="$GP_BIN/spark-operator-$SO_VERSION"
 
-export GOMODCACHE="$GLASSPIPE_CACHE/go/mod"
-export GOCACHE="$GLASSPIPE_CACHE/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN=local
-export CGO_ENABLED=0
+gp_go_env
 
 exec 9>"$GLASSPIPE_CACHE/.spark-operator-install.lock"
 flock 9
