@@ -1,10 +1,15 @@
 """What happens to each micro-batch (``foreachBatch``), in this order:
 
-1. dead rows are produced to the dead-letter topic (flushed; at least once, with their original bytes);
-2. kept rows are written to ClickHouse, idempotently for this batch id (see clickhouse/sink.py);
-3. the batch's end offsets (from Spark's offset log) are committed to the pipeline's consumer group.
+1. a batch already committed in the ClickHouse ledger (a replay after a crash) is neither sent nor written
+   again; otherwise the batch is taken to the driver one Spark partition at a time (arrow_parts.py) and
+   for each partition:
+2. its dead rows are produced to the dead-letter topic (flushed; at least once, with their original bytes
+   and Kafka key), unless a newer writer took over (the fence);
+3. its kept rows are written to ClickHouse in chunks, idempotently for this batch id (clickhouse/sink.py);
+4. the batch is committed in the ledger, and its end offsets (from Spark's offset log) are committed to the
+   pipeline's consumer group.
 
-A crash anywhere replays the batch with the same id and rows: step 2 then writes nothing twice.
+A crash anywhere replays the batch with the same id and rows: step 3 then writes nothing twice.
 """
 
 from __future__ import annotations
@@ -12,8 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Producer
@@ -21,6 +29,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from glasspipe.api.validation import parse_clickhouse_type
+from glasspipe_job.arrow_parts import arrow_partitions
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
@@ -70,6 +79,23 @@ class DeadLetters:
         return rows.num_rows
 
 
+@dataclass
+class _BatchCounts:
+    """What the parts of one batch held, gathered while the sink writes them."""
+
+    parts: int = 0
+    dead: int = 0
+    duplicates: int = 0
+    kafka: list[np.ndarray] = field(default_factory=list)
+    event: list[np.ndarray] = field(default_factory=list)
+
+    def kafka_micros(self) -> np.ndarray:
+        return np.concatenate(self.kafka) if self.kafka else np.zeros(0, dtype=np.int64)
+
+    def event_micros(self) -> np.ndarray:
+        return np.concatenate(self.event) if self.event else np.zeros(0, dtype=np.int64)
+
+
 class BatchWriter:
     """The ``foreachBatch`` function of one pipeline replica."""
 
@@ -87,7 +113,56 @@ class BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = CheckpointFiles(df.sparkSession, self.checkpoint).offset_log(batch_id)
-        table = self.collected(df).toArrow()
+        seen = _BatchCounts()
+        result = self.sink.write_parts(batch_id, self._kept_parts(df, seen), json.dumps(offsets, sort_keys=True))
+        if result.skipped_replay:
+            # Committed before a crash (its dead letters were sent before that): nothing is sent or written
+            # again, but the plan still runs so that Spark's state moves to this batch's version.
+            df.write.format("noop").mode("overwrite").save()
+        else:  # the batch's ledger row was just written: its rows are committed now
+            self.metrics.observe_commit(time.time(), seen.kafka_micros(), seen.event_micros())
+        for group, source_offsets in zip(self.groups, offsets, strict=False):
+            try:
+                group.commit({t: {int(p): o for p, o in parts.items()} for t, parts in source_offsets.items()})
+            except RuntimeError as e:  # offsets are also in the checkpoint: the next batch commits again
+                log.warning("%s", e)
+        m = self.metrics
+        self._check_key_partitioning(df)
+        m.dead_lettered.inc(seen.dead)
+        m.duplicates.inc(seen.duplicates)
+        m.rows_written.inc(result.rows_written)
+        m.batch_seconds.observe(time.monotonic() - started)
+        t = m.totals
+        t.dead_lettered += seen.dead
+        t.duplicates += seen.duplicates
+        t.rows_written += result.rows_written
+        t.batches += 1
+        t.replayed_batches += int(result.skipped_replay)
+        log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %d part(s), %.2f s", batch_id,
+                 result.rows_written, seen.duplicates, seen.dead, " (replay: already committed)"
+                 if result.skipped_replay else "", seen.parts, time.monotonic() - started)
+
+    def _kept_parts(self, df: DataFrame, seen: _BatchCounts) -> Iterator[pa.Table]:
+        """The batch's rows to write, one Spark partition at a time (arrow_parts.py): the driver holds one
+        partition, never the whole batch. Each partition's dead letters are sent (and flushed) before its
+        rows are handed to the sink, after a check of the fence: a stale writer woken after a newer layout
+        took over stops before it sends them again."""
+        for table in arrow_partitions(self.collected(df)):
+            seen.parts += 1
+            dead, kept, duplicates = self.split(table)
+            if dead.num_rows:
+                self.sink.check_fence()
+                self.dead_letters.send(dead)
+                for r in dead.column(REASON).to_pylist():
+                    self.metrics.count_dead_letter(str(r).split(":")[0])
+            seen.dead += dead.num_rows
+            seen.duplicates += duplicates
+            seen.kafka.append(epoch_micros(kept.column(KAFKA_TIMESTAMP)))
+            seen.event.append(epoch_micros(kept.column(EVENT_TIME)))
+            yield kept.select(self.output_names)
+
+    def split(self, table: pa.Table) -> tuple[pa.Table, pa.Table, int]:
+        """(dead rows, rows to write, duplicates dropped) of a part of a batch."""
         status = table.column(STATUS)
         dup = pc.fill_null(table.column(DUPLICATE), False)
         dead = table.filter(pc.equal(status, "dead"))
@@ -102,34 +177,7 @@ class BatchWriter:
                 rejected = rejected.set_column(rejected.schema.get_field_index(REASON), REASON, reason)
                 dead = pa.concat_tables([dead, rejected])
                 kept = kept.filter(pc.invert(bad))
-        if dead.num_rows:
-            self.dead_letters.send(dead)
-            for r in dead.column(REASON).to_pylist():
-                self.metrics.count_dead_letter(str(r).split(":")[0])
-        result = self.sink.write_batch(batch_id, kept.select(self.output_names), json.dumps(offsets, sort_keys=True))
-        if not result.skipped_replay:  # the batch's ledger row was just written: its rows are committed now
-            self.metrics.observe_commit(time.time(), epoch_micros(kept.column(KAFKA_TIMESTAMP)),
-                                        epoch_micros(kept.column(EVENT_TIME)))
-        for group, source_offsets in zip(self.groups, offsets, strict=False):
-            try:
-                group.commit({t: {int(p): o for p, o in parts.items()} for t, parts in source_offsets.items()})
-            except RuntimeError as e:  # offsets are also in the checkpoint: the next batch commits again
-                log.warning("%s", e)
-        m = self.metrics
-        self._check_key_partitioning(df)
-        m.dead_lettered.inc(dead.num_rows)
-        m.duplicates.inc(duplicates)
-        m.rows_written.inc(result.rows_written)
-        m.batch_seconds.observe(time.monotonic() - started)
-        t = m.totals
-        t.dead_lettered += dead.num_rows
-        t.duplicates += duplicates
-        t.rows_written += result.rows_written
-        t.batches += 1
-        t.replayed_batches += int(result.skipped_replay)
-        log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %.2f s", batch_id,
-                 result.rows_written, duplicates, dead.num_rows, " (replay: already committed)"
-                 if result.skipped_replay else "", time.monotonic() - started)
+        return dead, kept, duplicates
 
     def collected(self, df: DataFrame) -> DataFrame:
         """What the driver collects of a batch: no warm-up rows (a predecessor wrote them), and the original

@@ -24,6 +24,11 @@ def spark_session(app_name: str, conf: Mapping[str, str], master: str | None = N
     return spark
 
 
+def driver_heap_bytes(spark: SparkSession) -> int:
+    """The driver JVM's max heap (what spark.driver.memory gave it): what a micro-batch is bounded by."""
+    return int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory())  # type: ignore[union-attr]
+
+
 def connector_jars() -> list[str]:
     """The Kafka connector jars (GLASSPIPE_SPARK_JARS, else those dev/install/spark-jars.sh cached)."""
     import pyspark

@@ -17,6 +17,7 @@ dead (``event_time_in_future``) instead of moving the watermark for good.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,8 @@ WARMUP = "_gp_warmup"
 LATE = "_gp_late"
 CORRUPT = "_gp_corrupt"
 META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
+log = logging.getLogger("glasspipe.job")
+
 INPUT_OBSERVATION = "input_"  # + source name: per-batch counts of what was read (metrics.JobMetrics.on_progress)
 
 _SPARK_TYPES: dict[str, T.DataType] = {
@@ -105,8 +108,26 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
         reader = reader.option("subscribe", source.kafka.topic)
     reader = reader.option("startingOffsets", starting_offsets or source.kafka.starting_offsets)
     reader = reader.option("failOnDataLoss", "true").option("includeHeaders", "false")
-    reader = reader.option("maxOffsetsPerTrigger", str(source.kafka.max_offsets_per_trigger))
+    bound = batch_bound(spark, config, source)
+    reader = reader.option("maxOffsetsPerTrigger", str(bound))
+    # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition
+    # holds more than an eighth of the batch, however few Kafka partitions the records come from.
+    reader = reader.option("maxRecordsPerPartition", str(models.records_per_partition(bound)))
     return reader.load()
+
+
+def batch_bound(spark: SparkSession, config: JobConfig, source: models.Source) -> int:
+    """Records per micro-batch of a source: kafka.maxOffsetsPerTrigger, else derived from the driver JVM's max
+    heap (models.derived_max_offsets_per_trigger; docs/operations.md "Catching up")."""
+    if source.kafka.max_offsets_per_trigger is not None:
+        return source.kafka.max_offsets_per_trigger
+    from glasspipe_job.session import driver_heap_bytes
+
+    heap = driver_heap_bytes(spark)
+    bound = models.derived_max_offsets_per_trigger(heap, len(config.spec.sources))
+    log.info("source %s: at most %d records per micro-batch (driver max heap %d MiB; set "
+             "kafka.maxOffsetsPerTrigger to change it)", source.name, bound, heap >> 20)
+    return bound
 
 
 def _json(obj: Any) -> str:

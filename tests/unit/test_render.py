@@ -68,10 +68,27 @@ def test_cli_render_prints_plain_yaml(capsys: pytest.CaptureFixture[str]) -> Non
     assert "&id" not in out
 
 
-def test_every_replica_reads_bounded_micro_batches_by_default() -> None:
-    """Issue #14: an unbounded first micro-batch of a pipeline far behind ran the driver out of memory."""
+def test_micro_batch_bound_is_left_to_the_driver_unless_set() -> None:
+    """Issue #14: without kafka.maxOffsetsPerTrigger the job derives the bound from its driver's heap
+    (models.derived_max_offsets_per_trigger); a value the spec sets reaches the job as it is."""
     import json
 
-    app = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml"))[0]
+    spec = spec_of("sms-dedup.yaml")
+    app = render_spark_applications("ns", "p", "u", spec)[0]
     config = json.loads(app["spec"]["arguments"][1])
-    assert config["spec"]["sources"][0]["kafka"]["maxOffsetsPerTrigger"] == 200_000
+    assert "maxOffsetsPerTrigger" not in config["spec"]["sources"][0]["kafka"]
+    spec.sources[0].kafka.max_offsets_per_trigger = 5000
+    config = json.loads(render_spark_applications("ns", "p", "u", spec)[0]["spec"]["arguments"][1])
+    assert config["spec"]["sources"][0]["kafka"]["maxOffsetsPerTrigger"] == 5000
+
+
+def test_derived_micro_batch_bound_follows_the_driver_heap() -> None:
+    from glasspipe.api.models import derived_max_offsets_per_trigger, records_per_partition
+
+    assert derived_max_offsets_per_trigger(1 << 30) == 131_072
+    assert derived_max_offsets_per_trigger(2 << 30) == 262_144
+    assert derived_max_offsets_per_trigger(1 << 30, sources=2) == 65_536
+    assert derived_max_offsets_per_trigger(1 << 20) == 1_000  # floor
+    assert derived_max_offsets_per_trigger(1 << 40) == 1_000_000  # ceiling
+    assert records_per_partition(131_072) == 16_384
+    assert records_per_partition(7) == 1

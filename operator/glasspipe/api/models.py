@@ -147,8 +147,28 @@ class KafkaSecurity(ApiModel):
     )
 
 
-# Records per micro-batch and replica unless the spec says otherwise (bounds the driver's memory).
-DEFAULT_MAX_OFFSETS_PER_TRIGGER = 200_000
+# Without kafka.maxOffsetsPerTrigger a micro-batch is bounded by the driver's memory (derived_max_offsets_per_trigger):
+# at most one record per DRIVER_BYTES_PER_RECORD bytes of the driver JVM's max heap, split among the sources,
+# and within [MIN_DERIVED_OFFSETS, MAX_DERIVED_OFFSETS]. The sink takes a batch to the driver one Spark partition
+# at a time (a Kafka range is split into SPLITS_PER_BATCH partitions): a record may use up to ~8 KiB of the heap
+# between Spark's copies of a partition before a batch of this size runs out of memory.
+DRIVER_BYTES_PER_RECORD = 8 * 1024
+MIN_DERIVED_OFFSETS = 1_000
+MAX_DERIVED_OFFSETS = 1_000_000
+SPLITS_PER_BATCH = 8
+
+
+def derived_max_offsets_per_trigger(driver_heap_bytes: int, sources: int = 1) -> int:
+    """Records per micro-batch, replica and source when kafka.maxOffsetsPerTrigger is not set: the driver's max
+    heap / 8 KiB / number of sources, clamped to [1,000, 1,000,000] (1g -> 131,072; 512m -> ~58,000)."""
+    per_source = driver_heap_bytes // DRIVER_BYTES_PER_RECORD // max(sources, 1)
+    return max(MIN_DERIVED_OFFSETS, min(MAX_DERIVED_OFFSETS, per_source))
+
+
+def records_per_partition(max_offsets_per_trigger: int) -> int:
+    """Spark's ``maxRecordsPerPartition`` for a batch bound: a batch reaches the driver one Spark partition at a
+    time, so no partition holds more than an eighth of the batch (whatever the topic's partition count)."""
+    return max(1, -(-max_offsets_per_trigger // SPLITS_PER_BATCH))
 
 
 class KafkaSource(ApiModel):
@@ -162,12 +182,14 @@ class KafkaSource(ApiModel):
         "earliest",
         description="Where a new pipeline starts when its consumer group has no committed offset yet.",
     )
-    max_offsets_per_trigger: int = Field(
-        DEFAULT_MAX_OFFSETS_PER_TRIGGER, ge=1, le=100_000_000,
-        description="Upper bound on records read per micro-batch, per replica (back-pressure). Each micro-batch "
-        "is gathered in the Spark driver before it is written, so this bounds the driver's memory: a pipeline "
-        "that starts far behind catches up in batches of this size instead of failing on one huge batch. "
-        "Raise spark.driver.memory with it.",
+    max_offsets_per_trigger: int | None = Field(
+        None, ge=1, le=100_000_000,
+        description="Upper bound on records read per micro-batch, per replica (back-pressure). Default: derived "
+        "from the driver's memory, the driver JVM's max heap (spark.driver.memory) / 8 KiB / number of sources, "
+        "between 1,000 and 1,000,000 (1g: 131,072 records). A pipeline that starts far behind catches up in "
+        "batches of this size; the sink takes a batch to the driver one Spark partition (at most an eighth of "
+        "the batch) at a time and writes it in chunks of batching.maxRows. Set it for records wider than ~2 KiB "
+        "(lower) or for more throughput per batch with a larger driver (higher).",
     )
     consumer_group: str | None = Field(
         None,

@@ -22,7 +22,7 @@ from glasspipe_job.clickhouse.connection import ClientLike, Connection
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, Ledger, Superseded
 from glasspipe_job.clickhouse.mechanism import Mechanism
-from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE, MutationWatch
+from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
 from glasspipe_job.clickhouse.table import ClickHouseTable, SinkColumn
 from glasspipe_job.clickhouse.values import (
@@ -42,6 +42,22 @@ class WriteResult:
     skipped_replay: bool  # the ledger already had this batch: nothing was written
     chunks_skipped: int = 0  # chunks found already in the table (a crashed predecessor wrote them)
     attempts: int = 1
+
+
+def _overlaps(marker: str, lo: int, hi: int) -> bool:
+    """Whether a chunk marker's row range ([a, b) at its end) meets [lo, hi); an unreadable one counts as
+    meeting every range (it is stale wherever it is)."""
+    try:
+        a, b = (int(x) for x in marker.rsplit("/", 1)[1].split("-"))
+    except ValueError:
+        return True
+    return a < hi and b > lo
+
+
+def _stale_in(lo: int, hi: int, chunks: Mapping[str, int]) -> Callable[[str, int], bool]:
+    """A stored chunk that meets rows [lo, hi) of a batch but is not one of ``chunks`` (marker -> rows) as it
+    should be: partial, or of another split (a changed maxRows or partitioning)."""
+    return lambda marker, rows: _overlaps(marker, lo, hi) and chunks.get(marker) != rows
 
 
 def chunk_bounds(n_rows: int, max_rows: int) -> list[tuple[int, int]]:
@@ -152,20 +168,25 @@ class ClickHouseSink:
         )
         return {str(m): int(n) for m, n in rows}
 
-    def _usable_chunks(self, batch_id: int, bounds: list[tuple[int, int]], deleting: set[str],
-                       watch: MutationWatch) -> dict[str, int]:
-        """Chunks of this batch stored completely; partial or stale ones are deleted first (waited for, up to
-        the connection's mutation deadline)."""
-        present = self.chunks_present(batch_id)
-        expected = {marker_value(self.writer_id, batch_id, lo, hi): hi - lo for lo, hi in bounds}
-        bad = {m for m, cnt in present.items() if expected.get(m) != cnt}
-        if bad:
-            if not bad <= deleting:
-                self._delete_markers(bad - deleting)
-                deleting |= bad
-                watch.issued()
-            raise watch.pending()
-        return present
+    def _clear_stale(self, batch_id: int, stale: Callable[[str, int], bool], what: str) -> dict[str, int]:
+        """Delete this batch's chunks for which ``stale(marker, rows)`` holds (partial, or of another split) and
+        wait until they are gone (up to the connection's mutation deadline); returns the chunks left."""
+        deleting: set[str] = set()
+        watch = self.table.mutation_watch(what)
+
+        def attempt(_a: int) -> dict[str, int]:
+            present = self.chunks_present(batch_id)
+            bad = {m for m, cnt in present.items() if stale(m, cnt)}
+            if bad:
+                if not bad <= deleting:
+                    self._delete_markers(bad - deleting)
+                    deleting.update(bad)
+                    watch.issued()
+                raise watch.pending()
+            return present
+
+        result: dict[str, int] = self.table.retrying(what, attempt)
+        return result
 
     def _delete_markers(self, markers: Iterable[str]) -> None:
         """Remove partially stored or stale chunks (a server crash mid-insert, or a changed maxRows)."""
@@ -181,10 +202,19 @@ class ClickHouseSink:
     def write_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]] | pa.Table, offsets: str) -> WriteResult:
         """Write one micro-batch exactly once: a replay of a committed (writer_id, batch_id) is skipped.
 
-        ``data``: column name -> values, or an Arrow table (the job's path: converted column by column
-        with vectorised fast paths, ordered by Arrow when the batch spans several chunks)."""
+        ``data``: column name -> values, or an Arrow table (converted column by column with vectorised fast
+        paths, ordered by Arrow when the batch spans several chunks)."""
+        return self.write_parts(batch_id, [data], offsets)
+
+    def write_parts(self, batch_id: int, parts: Iterable[Mapping[str, Sequence[Any]] | pa.Table],
+                    offsets: str) -> WriteResult:
+        """``write_batch`` of a batch that arrives in parts (the job's path: one Spark partition at a time, so
+        the driver never holds the whole batch). Each part is sorted and cut into chunks of at most
+        ``max_rows`` rows on its own; a chunk is named by its rows' range in the batch ([lo, hi) after the
+        rows of the parts before it). The parts of a replay must hold the same rows in the same part order
+        (their order inside a part may differ): then every chunk is the same on every attempt. ``parts`` is
+        consumed once, lazily, and not at all for a replay of a committed batch."""
         table = self.table.open()
-        n = self._check_data(data)
         committed = table.retrying("looking up the ledger", lambda _a: self.ledger.done_entry(self.writer_id, batch_id))
         if committed is not None:
             log.info("batch %d of %s is in the ledger already (%d rows): replay skipped", batch_id, self.writer_id,
@@ -194,10 +224,18 @@ class ClickHouseSink:
             try:
                 if self.superseded is not None:
                     raise Superseded(self.superseded)
-                return self._write_new_batch(batch_id, data, offsets, n)
+                return self._write_new_batch(batch_id, parts, offsets)
             except Superseded as e:
                 self._step_down(batch_id, e)
                 raise
+
+    def check_fence(self) -> None:
+        """Raise Superseded if a newer writer claimed our partitions (for what the job does besides writing
+        rows, e.g. sending a batch's dead letters, which a stale writer must not repeat)."""
+        if self.superseded is not None:
+            raise Superseded(self.superseded)
+        if self.fence is not None:
+            self.fence.check()
 
     def check_fence_between_batches(self) -> None:
         """For the job's main loop, so that an idle stale writer stops too: raise Superseded if a newer writer
@@ -227,72 +265,111 @@ class ClickHouseSink:
             self.table.retrying("writing the ledger", lambda _a: self.ledger.insert(
                 self.writer_id, batch_id, 0, 0, "[]", state=ROLLED_BACK))
 
-    def _write_new_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]], offsets: str, n: int) -> WriteResult:
+    def _write_new_batch(self, batch_id: int, parts: Iterable[Mapping[str, Sequence[Any]] | pa.Table],
+                         offsets: str) -> WriteResult:
         table = self.table
         if self.fence is not None:
             self.fence.check()  # before anything of the batch is written
-
-        bounds = chunk_bounds(n, self.max_rows)
-        converted = self._converted(data, len(bounds) > 1)
-        names = [c.name for c in table.columns]
-        with_marker = table.has_marker
-        if with_marker:
-            names.append(MARKER_COLUMN)
-        insert_sql = f"INSERT INTO {table.full_table} ({', '.join(quote_ident(x) for x in names)}) VALUES"
-
-        done: set[int] = set()  # chunks this call saw acknowledged
-        sent: set[int] = set()  # chunks this call sent an INSERT for (acknowledged or not)
-        deleting: set[str] = set()  # partial/stale chunks whose delete was issued
-        watch = table.mutation_watch(f"deleting partial/stale chunks of batch {batch_id} of {self.writer_id}")
-        stats = {"written": 0, "skipped": 0, "attempts": 0}
         check_first = self._fresh
-        announced: list[bool] = []  # the pending row was acknowledged
+        self._fresh = True  # until the done row is written: a failure leaves chunks for the next attempt
+        # Announce the batch and its offsets before any chunk: a successor that takes over these partitions
+        # after this writer is gone finds and rolls back what a crash left behind. Rows and chunks are not
+        # known yet (the parts have not been read): 0 in the pending row, the counts in the done row.
+        table.retrying(f"announcing batch {batch_id} in the ledger",
+                       lambda _a: self.ledger.insert(self.writer_id, batch_id, 0, 0, offsets, state=PENDING))
+        present: dict[str, int] = {}
+        if table.has_marker and check_first:
+            present = table.retrying("looking for chunks stored before", lambda _a: self.chunks_present(batch_id))
+        stats = {"written": 0, "skipped": 0, "attempts": 1, "chunks": 0}
+        expected: dict[str, int] = {}  # every chunk of the batch so far: marker -> rows
+        base = 0
+        for part in parts:
+            n = self._check_data(part)
+            bounds = [(base + lo, base + hi) for lo, hi in chunk_bounds(n, self.max_rows)]
+            mine = {marker_value(self.writer_id, batch_id, lo, hi): hi - lo for lo, hi in bounds}
+            expected.update(mine)
+            stale = _stale_in(base, base + n, mine)
+            if any(stale(m, cnt) for m, cnt in present.items()):
+                present = self._clear_stale(batch_id, stale,
+                                            f"deleting partial/stale chunks of batch {batch_id} of {self.writer_id}")
+            rows = self._ordered(part, len(bounds) > 1)
+            for lo, hi in bounds:
+                marker = marker_value(self.writer_id, batch_id, lo, hi)
+                if present.get(marker) == hi - lo:  # a crashed predecessor (or our failed call) wrote it
+                    stats["skipped"] += 1
+                    continue
+                self._insert_chunk(batch_id, marker, self._chunk(rows, lo - base, hi - base), hi - lo, stats)
+            stats["chunks"] += len(bounds)
+            base += n
+        if any(m not in expected for m in present):  # chunks past the batch's end (another split)
+            present = self._clear_stale(batch_id, lambda m, _cnt: m not in expected,
+                                        f"deleting stale chunks of batch {batch_id} of {self.writer_id}")
 
-        def attempt(k_attempt: int) -> None:
-            stats["attempts"] = k_attempt + 1
+        def commit(k_attempt: int) -> None:
             if k_attempt > 0 and self.ledger.done_entry(self.writer_id, batch_id) is not None:
                 return  # the ledger insert of a previous attempt landed; only its answer was lost
-            if not announced:
-                # Announce the batch and its offsets before any chunk, on every attempt until the row is
-                # acknowledged (a first attempt may fail on this very INSERT): a successor that takes over
-                # these partitions after this writer is gone finds and rolls back what a crash left behind.
-                self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets, state=PENDING)
-                announced.append(True)
-            present: dict[str, int] = {}
-            if table.has_marker and (check_first or k_attempt > 0):
-                present = self._usable_chunks(batch_id, bounds, deleting, watch)
-            for k, (lo, hi) in enumerate(bounds):
-                marker = marker_value(self.writer_id, batch_id, lo, hi)
-                if k in done:
-                    continue
-                if marker in present:
-                    if k in sent:  # our own INSERT landed; only its answer was lost
-                        stats["written"] += hi - lo
-                    else:  # a crashed predecessor wrote it
-                        stats["skipped"] += 1
-                    done.add(k)
-                    continue
-                sent.add(k)
-                cols = [col[lo:hi] for col in converted]  # fresh lists: the driver rewrites them in place
-                if with_marker:
-                    cols.append([marker] * (hi - lo))
-                settings: dict[str, Any] = {"insert_block_size": max(hi - lo, 1)}
-                if table.mechanism is Mechanism.TOKEN:
-                    settings.update(insert_deduplicate=1, insert_deduplication_token=marker)
-                self._client.execute(insert_sql, cols, columnar=True, settings=settings)
-                done.add(k)
-                stats["written"] += hi - lo
             if self.fence is not None:
                 self.fence.check()  # just before the commit: a newer writer may have taken over meanwhile
-            self.ledger.insert(self.writer_id, batch_id, len(bounds), n, offsets)
+            self.ledger.insert(self.writer_id, batch_id, stats["chunks"], base, offsets)
 
-        self._fresh = True
-        table.retrying(f"writing batch {batch_id} to {table.full_table}", attempt)
+        table.retrying(f"committing batch {batch_id} to {table.full_table}", commit)
         self._fresh = False
         if stats["skipped"]:
             log.warning("batch %d: %d chunk(s) were already in %s (written before a crash) and were skipped",
                         batch_id, stats["skipped"], table.full_table)
-        return WriteResult(stats["written"], len(bounds), False, stats["skipped"], stats["attempts"])
+        return WriteResult(stats["written"], stats["chunks"], False, stats["skipped"], stats["attempts"])
+
+    def _insert_chunk(self, batch_id: int, marker: str, cols: list[list[Any]], n: int, stats: dict[str, int]) -> None:
+        """One chunk as one block, retried: on a retry a chunk found complete is our own INSERT that landed
+        (only its answer was lost); a partial one is deleted (waited for) and sent again."""
+        table = self.table
+        names = [c.name for c in table.columns]
+        if table.has_marker:
+            names.append(MARKER_COLUMN)
+            cols = [*cols, [marker] * n]
+        insert_sql = f"INSERT INTO {table.full_table} ({', '.join(quote_ident(x) for x in names)}) VALUES"
+        settings: dict[str, Any] = {"insert_block_size": max(n, 1)}
+        if table.mechanism is Mechanism.TOKEN:
+            settings.update(insert_deduplicate=1, insert_deduplication_token=marker)
+        watch = table.mutation_watch(f"deleting partial chunk {marker}")
+
+        def attempt(k_attempt: int) -> None:
+            if k_attempt > 0:
+                stats["attempts"] = max(stats["attempts"], k_attempt + 1)
+            if k_attempt > 0 and table.has_marker:
+                stored = self.chunks_present(batch_id).get(marker, 0)
+                if stored == n:
+                    return
+                if stored:
+                    if watch.started is None:
+                        self._delete_markers([marker])
+                        watch.issued()
+                    raise watch.pending()
+            # fresh lists on every attempt: the driver rewrites them in place
+            self._client.execute(insert_sql, [list(c) for c in cols], columnar=True, settings=settings)
+
+        table.retrying(f"writing chunk {marker} to {table.full_table}", attempt)
+        stats["written"] += n
+
+    def _ordered(self, data: Mapping[str, Sequence[Any]] | pa.Table, ordered: bool) -> pa.Table | list[list[Any]]:
+        """A part's columns in the table's order: an Arrow table (converted chunk by chunk) or, for a mapping,
+        converted lists; with ``ordered`` (several chunks) rows are sorted by value, so chunk k is the same
+        rows on a replay, whatever order Spark produced them in."""
+        if isinstance(data, pa.Table):
+            arrow = data.select([c.name for c in self.table.columns])
+            if not ordered:
+                return arrow
+            order = canonical_order_arrow(arrow)
+            if order is not None:
+                return arrow.take(order)
+        return self._converted(data, ordered)
+
+    def _chunk(self, rows: pa.Table | list[list[Any]], lo: int, hi: int) -> list[list[Any]]:
+        if isinstance(rows, pa.Table):
+            types = self.table.table_types
+            part = rows.slice(lo, hi - lo)
+            return [convert_arrow_column(c.name, types[c.name], part.column(c.name)) for c in self.table.columns]
+        return [col[lo:hi] for col in rows]
 
     def _converted(self, data: Mapping[str, Sequence[Any]] | pa.Table, ordered: bool) -> list[list[Any]]:
         """The batch's columns in the table's order and the driver's value forms; with ``ordered`` (several
