@@ -36,13 +36,23 @@ from glasspipe_job.freshness import epoch_micros
 from glasspipe_job.handover import CheckpointFiles
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
-from glasspipe_job.transform import DUPLICATE, EVENT_TIME, KAFKA_TIMESTAMP, META_COLUMNS, REASON, STATUS, WARMUP
+from glasspipe_job.transform import (
+    DUPLICATE,
+    EVENT_TIME,
+    KAFKA_TIMESTAMP,
+    KEY,
+    META_COLUMNS,
+    REASON,
+    STATUS,
+    WARMUP,
+)
 
 log = logging.getLogger("glasspipe.job")
 
 
 class DeadLetters:
-    """Produces unprocessable records to the dead-letter topic: original bytes, reason in headers."""
+    """Produces unprocessable records to the dead-letter topic: original key and value bytes, reason and source
+    coordinates in headers."""
 
     def __init__(self, client_conf: dict[str, str], topic: str, pipeline: str) -> None:
         self.topic = topic
@@ -56,7 +66,7 @@ class DeadLetters:
             if err is not None:
                 errors.append(str(err))
 
-        cols = {name: rows.column(name).to_pylist() for name in [*META_COLUMNS, REASON]}
+        cols = {name: rows.column(name).to_pylist() for name in [*META_COLUMNS, KEY, REASON]}
         for i in range(rows.num_rows):
             headers: list[tuple[str, str | bytes | None]] = [
                 ("glasspipe.reason", str(cols[REASON][i]).encode()),
@@ -67,8 +77,8 @@ class DeadLetters:
             ]
             while True:
                 try:
-                    self.producer.produce(self.topic, value=cols["_gp_value"][i], headers=headers,
-                                          on_delivery=on_delivery)
+                    self.producer.produce(self.topic, key=cols[KEY][i], value=cols["_gp_value"][i],
+                                          headers=headers, on_delivery=on_delivery)
                     break
                 except BufferError:
                     self.producer.poll(0.1)
@@ -181,13 +191,13 @@ class BatchWriter:
 
     def collected(self, df: DataFrame) -> DataFrame:
         """What the driver collects of a batch: no warm-up rows (a predecessor wrote them), and the original
-        record (``_gp_value``, ~all of a row's bytes) and topic only of rows that may become dead letters:
+        record (``_gp_value``, ~all of a row's bytes), key and topic only of rows that may become dead letters:
         dead rows and rows missing a required column (``cast_failed`` below)."""
         may_die = F.col(STATUS) == "dead"
         for name in self.required:
             may_die = may_die | F.col(name).isNull()
-        only_dying = {"_gp_value", "_gp_topic"}
-        meta = [F.when(may_die, F.col(c)).alias(c) if c in only_dying else F.col(c) for c in META_COLUMNS]
+        only_dying = {"_gp_value", "_gp_topic", KEY}
+        meta = [F.when(may_die, F.col(c)).alias(c) if c in only_dying else F.col(c) for c in [*META_COLUMNS, KEY]]
         return (df.where(~F.coalesce(F.col(WARMUP), F.lit(False)))
                 .select(*self.output_names, *meta, STATUS, REASON, DUPLICATE, KAFKA_TIMESTAMP, EVENT_TIME))
 

@@ -41,6 +41,7 @@ from glasspipe_job.transform import (
     DUPLICATE,
     EVENT_TIME,
     KAFKA_TIMESTAMP,
+    KEY,
     LATE,
     META_COLUMNS,
     REASON,
@@ -95,7 +96,7 @@ def _dead_side(checked: DataFrame, source: models.Source, other: models.Source) 
     return checked.where(F.col(STATUS) == "dead").select(
         F.lit(None).cast(source_struct_type(source)).alias(source.name),
         F.lit(None).cast(source_struct_type(other)).alias(other.name),
-        *META_COLUMNS, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP, KAFKA_TIMESTAMP, EVENT_TIME,
+        *META_COLUMNS, KEY, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP, KAFKA_TIMESTAMP, EVENT_TIME,
     )
 
 
@@ -149,6 +150,7 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
         F.when(~late, F.col(f"l.{left.name}")).alias(left.name),
         F.when(~late, F.col(f"r.{right.name}")).alias(right.name),
         *[F.coalesce(F.col(f"l.{c}"), F.col(f"r.{c}")).alias(c) for c in META_COLUMNS],
+        F.lit(None).cast("binary").alias(KEY),  # not kept in the join state (see transform.KEY)
         F.when(late, F.lit("dead")).otherwise(F.lit("ok")).alias(STATUS),
         F.coalesce(F.col(f"l.{REASON}"), F.col(f"r.{REASON}")).alias(REASON),
         F.lit(False).alias(DUPLICATE),

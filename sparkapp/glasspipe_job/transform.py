@@ -38,6 +38,9 @@ WARMUP = "_gp_warmup"
 LATE = "_gp_late"
 CORRUPT = "_gp_corrupt"
 META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
+# The record's Kafka key, for its dead letter. Not among META_COLUMNS: those are part of a join's state, whose
+# schema a running pipeline's checkpoint fixes (a late row of a join is dead-lettered without its key).
+KEY = "_gp_key"
 log = logging.getLogger("glasspipe.job")
 
 INPUT_OBSERVATION = "input_"  # + source name: per-batch counts of what was read (metrics.JobMetrics.on_progress)
@@ -144,12 +147,13 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
         F.col("partition").alias("_gp_partition"),
         F.col("offset").alias("_gp_offset"),
         F.col("value").alias("_gp_value"),
+        F.col("key").alias(KEY),
         F.col("timestamp").alias("_gp_kafka_timestamp"),
         F.from_json(F.col("value").cast("string"), schema,
                     {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("_gp_json"),
     )
     fields = source.schema_.fields
-    df = df.select(*META_COLUMNS, "_gp_kafka_timestamp", "_gp_json",
+    df = df.select(*META_COLUMNS, KEY, "_gp_kafka_timestamp", "_gp_json",
                    *[_field_column(f).alias(f.name) for f in fields])
     not_an_object = F.from_json(F.col("_gp_value").cast("string"), "map<string,string>").isNull()
     reasons: list[tuple[Column, Column]] = [
@@ -286,4 +290,4 @@ def select_output(df: DataFrame, config: JobConfig) -> DataFrame:
 
     # try_cast: with ANSI SQL (Spark 4 default) a bad cast would fail the query; NULL goes to the DLQ instead.
     cols = [F.expr(c.sql).try_cast(spark_type_for_clickhouse(c.clickhouse_type)).alias(c.name) for c in config.columns]
-    return df.select(*cols, *META_COLUMNS, STATUS, REASON, DUPLICATE, WARMUP, KAFKA_TIMESTAMP, EVENT_TIME)
+    return df.select(*cols, *META_COLUMNS, KEY, STATUS, REASON, DUPLICATE, WARMUP, KAFKA_TIMESTAMP, EVENT_TIME)
