@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import yaml
+from confluent_kafka import Consumer, TopicPartition
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
@@ -47,9 +48,11 @@ class Stream:
         self.firsts: dict[str, str] = {}  # sms_id -> status of its first occurrence
         self.rng = random.Random(11)
         self.clock = 0  # ms of event time, increasing
+        self.malformed = 0  # records that are not JSON: one dead letter each
 
-    def produce(self, new: int, repeats: int) -> None:
-        """``new`` fresh keys, then ``repeats`` repeats of random known keys a few seconds later."""
+    def produce(self, new: int, repeats: int, malformed: int = 0) -> None:
+        """``new`` fresh keys, then ``repeats`` repeats of random known keys a few seconds later, then
+        ``malformed`` records that are not JSON."""
         records = []
         for _ in range(new):
             sms_id = f"k-{len(self.firsts):07d}"
@@ -61,7 +64,19 @@ class Stream:
         for _ in range(repeats):
             self.clock += 1
             records.append(self._sms(self.rng.choice(known), "repeat", self.clock))
+        for _ in range(malformed):
+            self.malformed += 1
+            records.append((f"bad-{self.malformed}".encode(), b"{not json"))
         produce(self.kafka.bootstrap, self.topic, records)
+
+    def dead_letters(self) -> int:
+        """Records in the dead-letter topic (one partition, no transactions: its end offset)."""
+        consumer = Consumer({"bootstrap.servers": self.kafka.bootstrap, "group.id": f"dlq-{uuid.uuid4().hex[:6]}"})
+        try:
+            low, high = consumer.get_watermark_offsets(TopicPartition(f"{self.topic}-dlq", 0), timeout=10)
+            return int(high - low)
+        finally:
+            consumer.close()
 
     def _sms(self, sms_id: str, status: str, ms: int) -> tuple[bytes, bytes]:
         doc = {"sms_id": sms_id, "status": status, "phone": "+1", "meta": {"provider": "p"},
@@ -215,7 +230,7 @@ def test_a_paused_old_replica_that_wakes_after_a_rescale_stops_by_itself(
         s.wait_drained([old], timeout=900)
         layout = s.checkpoint / "replica-0-of-1"
         planned_before = max((int(p.name) for p in (layout / "offsets").iterdir() if p.name.isdigit()), default=-1)
-        s.produce(new=6_000, repeats=1_500)  # several batches of 3,000 records
+        s.produce(new=6_000, repeats=1_500, malformed=60)  # several batches of 3,000 records, dead letters in each
         deadline = time.monotonic() + 600
         while True:  # pause it once a batch is planned (offset log) but not committed
             assert old.alive() and time.monotonic() < deadline, old.log_tail(60)
@@ -232,10 +247,14 @@ def test_a_paused_old_replica_that_wakes_after_a_rescale_stops_by_itself(
         s.produce(new=500, repeats=500)
         s.wait_drained(jobs, timeout=900)
         s.assert_exact()  # the new layout alone: exact while the old one sleeps
+        # Every dead letter is there at least once (a batch the old replica had sent before its pause and the
+        # new layout rolled back and did again is there twice: at least once); from now on, exactly once each.
+        dead_before = s.dead_letters()
+        assert dead_before >= s.malformed, (dead_before, s.malformed)
         os.killpg(pgid, signal.SIGCONT)
         pgid = 0
         woke = time.monotonic()
-        s.produce(new=500, repeats=500)  # new records on every partition: the old replica plans a batch too
+        s.produce(new=500, repeats=500, malformed=20)  # new records on every partition: the old one plans a batch
         while old.alive() and time.monotonic() - woke < 300:
             time.sleep(0.5)
         stopped_after = time.monotonic() - woke
@@ -249,6 +268,61 @@ def test_a_paused_old_replica_that_wakes_after_a_rescale_stops_by_itself(
         if pgid:
             os.killpg(pgid, signal.SIGCONT)
         stop_all([old, *jobs])
+    dead_after = s.dead_letters()
     print(f"paused in batch {paused_in}; stale replica stopped {stopped_after:.1f} s after SIGCONT: "
-          f"{superseded[0][-300:]}")
+          f"{superseded[0][-300:]}; dead letters {dead_before} before SIGCONT, {dead_after} at the end "
+          f"({s.malformed} malformed records)")
     s.assert_exact()
+    # the stale replica sent none of its batch's dead letters again after it woke: only the 20 new ones came
+    assert dead_after == dead_before + 20, (dead_before, dead_after)
+
+
+def new_checkpoints(s: Stream, i: int, replicas: int) -> int:
+    """How many new checkpoints replica ``i`` of ``replicas`` has logged so far (its log is appended to)."""
+    log = s.tmp / f"r{i}of{replicas}.log"
+    return log.read_text().count("new checkpoint") if log.exists() else 0
+
+
+def kill_in_first_batch(s: Stream, jobs: list[ServerProcess], i: int, replicas: int, before: int) -> None:
+    """SIGKILL replica ``i`` of ``replicas`` while the first batch of its new checkpoint (the warm-up: it re-reads
+    the dedup window before its resume offsets) is planned but not committed, then start it again.
+    ``before``: new_checkpoints() before it started (an earlier checkpoint of the layout is set aside first)."""
+    layout = s.checkpoint / f"replica-{i}-of-{replicas}"
+    deadline = time.monotonic() + 300
+    while new_checkpoints(s, i, replicas) == before or not (layout / "offsets" / "0").exists():
+        assert jobs[i].alive() and time.monotonic() < deadline, jobs[i].log_tail(60)
+        time.sleep(0.01)
+    assert not (layout / "commits" / "0").exists(), "the warm-up batch finished before it could be interrupted"
+    jobs[i].kill()
+    last = [line for line in (s.tmp / f"r{i}of{replicas}.log").read_text().splitlines() if "new checkpoint" in line]
+    resume, read_from = last[-1].split(" resume ", 1)[1].split(", read from ")
+    assert resume != read_from, last[-1]  # a hand-over with a warm-up: it reads from before where it resumes
+    jobs[i] = s.start(replicas, i)
+
+
+def test_layouts_1_3_1_with_a_new_replica_killed_during_its_warm_up(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Issue #14, layout matrix: a replica of the *new* layout SIGKILLed during its warm-up batch, going up
+    (1 -> 3) and back down to a layout that ran before (3 -> 1), then restarted: exact rows at the end."""
+    s = Stream(tmp_path, kafka, clickhouse)
+    s.produce(new=3_000, repeats=1_000)
+    jobs = [s.start(1, 0)]
+    try:
+        s.wait_drained(jobs, timeout=600)
+        stop_all(jobs)
+        s.produce(new=1_500, repeats=1_500)  # repeats of keys replica 0 of 1 wrote: the warm-up must know them
+        jobs = [s.start(3, i) for i in range(3)]
+        kill_in_first_batch(s, jobs, 1, 3, before=0)
+        s.wait_drained(jobs, timeout=600)
+        s.assert_exact()
+        stop_all(jobs)
+        s.produce(new=1_000, repeats=1_500)
+        before = new_checkpoints(s, 0, 1)
+        jobs = [s.start(1, 0)]  # back to 1: its old checkpoint is behind the ledger and is set aside
+        kill_in_first_batch(s, jobs, 0, 1, before)
+        s.wait_drained(jobs, timeout=600)
+    finally:
+        stop_all(jobs)
+    s.assert_exact()
+    assert "set aside" in (tmp_path / "r0of1.log").read_text()
