@@ -95,3 +95,4 @@ def test_catch_up_of_a_backlog_of_many_batches_with_a_small_driver_is_exact(
     assert f"dead-lettered {len(bad)} {{'malformed_json': {len(bad)}}}" in summary, summary
     dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=len(bad) + 1, timeout=20)
     assert len(dead) == len(bad)
+    assert {m.key() for m in dead} == bad  # a dead letter keeps the record's Kafka key
