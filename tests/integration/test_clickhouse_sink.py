@@ -299,7 +299,7 @@ def test_partial_chunk_is_deleted_and_rewritten(clickhouse: ClickHouseServer) ->
     )
     with sink_for(clickhouse, table, writer_id=writer) as sink:
         res = sink.write_batch(0, rows(0, 150), "o0")
-    assert res.rows_written == 150 and res.attempts >= 2
+    assert res.rows_written == 150  # the wait for the delete is not an insert attempt (res.attempts)
     assert stats(clickhouse, table) == (150, 150)
 
 
