@@ -106,9 +106,12 @@ class Operator:
         out = json.loads(self.k("get", "sparkapplications.sparkoperator.k8s.io", "-n", ns, "-o", "json"))
         return {a["metadata"]["name"]: a for a in out["items"]}
 
-    def set_state(self, ns: str, app: str, state: str, error: str = "") -> None:
-        """What spark-operator does: write status.applicationState."""
-        patch = {"status": {"applicationState": {"state": state, "errorMessage": error}, "driverInfo": {}}}
+    def set_state(self, ns: str, app: str, state: str, error: str = "", attempts: int | None = None) -> None:
+        """What spark-operator does: write status.applicationState (and executionAttempts)."""
+        status: dict[str, Any] = {"applicationState": {"state": state, "errorMessage": error}, "driverInfo": {}}
+        if attempts is not None:
+            status["executionAttempts"] = attempts
+        patch = {"status": status}
         self.k("patch", "sparkapplications.sparkoperator.k8s.io", app, "-n", ns, "--subresource=status",
                "--type=merge", "-p", json.dumps(patch))
 
