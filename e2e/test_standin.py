@@ -106,8 +106,32 @@ def test_failure_without_retry_is_failed_with_the_log_tail(cluster: Cluster) -> 
 def test_on_failure_retries_then_gives_up(cluster: Cluster) -> None:
     cluster.create("retry", {"type": "OnFailure", "onFailureRetries": 1, "onFailureRetryInterval": 1},
                    sleep=0.5, exit=1)
-    cluster.wait("retry", "FAILING", 1)
     cluster.wait("retry", "FAILED", 2)
+    # FAILING lasts only until the retry is due (1 s x 1 attempt after the submission): read it in the log.
+    log = cluster.standin.log_tail(200)
+    assert "retry: FAILING -> PENDING_RERUN" in log and "retry: PENDING_RERUN -> SUBMITTED" in log, log
+
+
+def test_a_deleted_driver_pod_is_rerun_at_once(cluster: Cluster) -> None:
+    """`kubectl delete pod` of a running driver, as the kubelet and spark-operator v2.5.2 handle it: SIGTERM,
+    the pod removed once the driver has exited, FAILING on its exit code and, the retry interval counting
+    from the last submission, PENDING_RERUN at once (errorMessage cleared), then one more attempt."""
+    cluster.create("victim", {"type": "Always", "onFailureRetryInterval": 1}, sleep=3600)
+    cluster.wait("victim", "RUNNING", 1)
+    time.sleep(1.5)  # longer than onFailureRetryInterval x 1 attempt
+    pid = cluster.standin.driver_pid(cluster.ns, "victim")
+    assert pid is not None
+    cluster.kube.kubectl("delete", "pod", "victim-driver", "-n", cluster.ns, "--wait=false")
+    _, _, error = cluster.wait("victim", "RUNNING", 2)
+    assert error == ""
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    log = cluster.standin.log_tail(200)
+    assert "victim: driver pod deleted: SIGTERM" in log, log
+    assert "victim: RUNNING -> FAILING (driver process exited with code 143" in log, log
+    assert "victim: FAILING -> PENDING_RERUN" in log and "victim: PENDING_RERUN -> SUBMITTED" in log, log
+    pod = cluster.pod("victim-driver")
+    assert pod is not None and not pod["metadata"].get("deletionTimestamp")
 
 
 def test_always_restarts_a_completed_driver(cluster: Cluster) -> None:
