@@ -21,6 +21,8 @@ from glasspipe.api import models
 
 # The job's entry point inside the Spark image, and the argument that carries its config.
 JOB_MAIN = "local:///opt/glasspipe/sparkapp/glasspipe_job/main.py"
+# The Python of the Spark image (sparkapp/Dockerfile: $VIRTUAL_ENV/bin/python), which runs the job.
+IMAGE_PYTHON = "/opt/glasspipe/venv/bin/python"
 CONFIG_ARGUMENT = "--config-json"
 
 # ------------------------------------------------------------------------------ secrets as env vars

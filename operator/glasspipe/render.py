@@ -24,7 +24,11 @@ REPLICA_LABEL = "glasspipe.io/replica"
 SPEC_HASH_ANNOTATION = "glasspipe.io/spec-hash"
 MANAGED_BY = "glasspipe-operator"
 # Spark settings only the Kubernetes deployment needs (the job's own come from glasspipe.contract).
+# The image's Python, spelled out: spark-submit otherwise copies its own environment's PYSPARK_PYTHON
+# (whatever the submitter, e.g. spark-operator's pod or a test session, has set) into the driver pod.
 _KUBERNETES_SPARK_CONF = {
+    "spark.pyspark.python": contract.IMAGE_PYTHON,
+    "spark.pyspark.driver.python": contract.IMAGE_PYTHON,
     "spark.sql.streaming.metricsEnabled": "true",
     "spark.kubernetes.driver.podTemplateContainerName": "spark-kubernetes-driver",
     "spark.kubernetes.executor.podTemplateContainerName": "spark-kubernetes-executor",

@@ -75,3 +75,24 @@ def test_every_replica_reads_bounded_micro_batches_by_default() -> None:
     app = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml"))[0]
     config = json.loads(app["spec"]["arguments"][1])
     assert config["spec"]["sources"][0]["kafka"]["maxOffsetsPerTrigger"] == 200_000
+
+
+def test_the_image_python_is_set_so_no_submitter_environment_reaches_the_driver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """spark-submit puts spark.pyspark.(driver.)python into the driver pod's PYSPARK_(DRIVER_)PYTHON, and
+    only falls back to its own environment's when they are unset: a submitter's interpreter path (which
+    once broke a run: 'Cannot run program .../venv/bin/python') must never be what a driver pod runs."""
+    monkeypatch.setenv("PYSPARK_PYTHON", "/root/.cache/glasspipe/venv/bin/python")
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", "/root/.cache/glasspipe/venv/bin/python")
+    [app] = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml"))
+    conf = app["spec"]["sparkConf"]
+    assert conf["spark.pyspark.python"] == conf["spark.pyspark.driver.python"] == "/opt/glasspipe/venv/bin/python"
+    assert "/root/" not in yaml.safe_dump(app)
+    # ... and it is the Python of the Spark image.
+    dockerfile = (ROOT / "sparkapp" / "Dockerfile").read_text()
+    assert "VIRTUAL_ENV=/opt/glasspipe/venv " in dockerfile
+    assert "PYSPARK_PYTHON=/opt/glasspipe/venv/bin/python " in dockerfile
+    # A custom image may keep its Python elsewhere: spec.spark.conf wins.
+    custom = spec_of("sms-dedup.yaml", spark={"image": "x:2", "conf": {"spark.pyspark.python": "/usr/bin/python3"}})
+    [app] = render_spark_applications("ns", "p", "u", custom)
+    assert app["spec"]["sparkConf"]["spark.pyspark.python"] == "/usr/bin/python3"
