@@ -19,6 +19,7 @@ Binaries: dev/install/kube.sh (etcd, kube-apiserver, kubectl) and dev/install/ku
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -38,9 +40,11 @@ from glasspipe_dev.process import ServerProcess, free_port
 
 NODE_INSTALL_HINT = "run dev/install/kube-node.sh"
 NODE_NAME = "glasspipe-node"
-POD_SUBNET = "10.244.0.0/24"
-CLUSTER_CIDR = "10.244.0.0/16"
-BRIDGE = "gpcni0"
+CLUSTER_CIDR = "10.244.0.0/16"  # every cluster's pod subnet lies in it (ClickHouse allows it, say)
+# Each cluster takes a /24 of CLUSTER_CIDR and a bridge of its own (several clusters may run on one
+# machine: two test sessions, say), held by a lock file for its lifetime. Index 0 (gpcni0, 10.244.0.0/24)
+# is left alone: older versions of this module used it for every cluster.
+POD_NETWORK_LOCKS = Path("/run/glasspipe-cni")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # The values kubelet's protectKernelDefaults requires (pkg/kubelet/cm/container_manager_linux.go).
@@ -70,6 +74,40 @@ def host_ip() -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect(("1.1.1.1", 9))  # UDP connect sends no packet: it only picks the outgoing interface
         return str(s.getsockname()[0])
+
+
+class PodNetwork:
+    """This cluster's CNI bridge and pod subnet: the first index from 1 whose lock is free and whose
+    bridge and subnet the host does not have (a foreign cluster's, or a crashed one's, are skipped)."""
+
+    def __init__(self) -> None:
+        POD_NETWORK_LOCKS.mkdir(parents=True, exist_ok=True)
+        for index in range(1, 255):
+            lock = (POD_NETWORK_LOCKS / f"{index}.lock").open("w")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            bridge, subnet = f"gpcni{index}", f"10.244.{index}.0/24"
+            routed = subprocess.run(["ip", "route", "show", subnet], capture_output=True, text=True).stdout.strip()
+            if Path(f"/sys/class/net/{bridge}").exists() or routed:
+                lock.close()
+                continue
+            self.index, self.bridge, self.subnet = index, bridge, subnet
+            self.prefix = f"10.244.{index}."
+            self._lock: IO[str] | None = lock
+            return
+        raise RuntimeError(f"no free pod network: every 10.244.N.0/24 (N 1-254) is taken ({POD_NETWORK_LOCKS})")
+
+    def release(self) -> None:
+        """Remove the bridge (the CNI plugin made it in the host's network namespace) and free the index."""
+        if self._lock is None:
+            return
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
+        self._lock.close()
+        self._lock = None
 
 
 def pause_archive() -> Path:
@@ -105,6 +143,7 @@ class Cluster:
         )
         self.sock = self.dir / "containerd" / "containerd.sock"
         self.holder: subprocess.Popen[bytes] | None = None
+        self.net: PodNetwork | None = None
         self.procs: list[ServerProcess] = []
         self.startup_seconds = 0.0
 
@@ -232,6 +271,7 @@ class Cluster:
     # --- node ------------------------------------------------------------------------------------
 
     def _write_cni(self) -> Path:
+        self.net = PodNetwork()
         conf_dir = self.dir / "cni" / "net.d"
         conf_dir.mkdir(parents=True, exist_ok=True)
         conf = {
@@ -240,7 +280,7 @@ class Cluster:
             "plugins": [
                 {
                     "type": "bridge",
-                    "bridge": BRIDGE,
+                    "bridge": self.net.bridge,
                     "isGateway": True,
                     # No masquerading: pods talk to the node (the gateway) only, and no iptables
                     # rules are left behind on the host.
@@ -248,7 +288,7 @@ class Cluster:
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "ranges": [[{"subnet": self.net.subnet}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(self.dir / "cni" / "ipam"),
                     },
@@ -462,6 +502,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.holder.wait(timeout=10)
         time.sleep(0.2)
         self._remove_cgroups()
+        if self.net is not None:
+            self.net.release()
         self.api.stop()
         if self._own_dir and not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
