@@ -29,11 +29,13 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import yaml
 
+from glasspipe_dev import node_images
 from glasspipe_dev.kube import KubeAPIServer
 from glasspipe_dev.paths import NotInstalledError, cache_dir
 from glasspipe_dev.process import ServerProcess, free_port
@@ -120,7 +122,8 @@ def pause_archive() -> Path:
 class Cluster:
     """API server (kube.py) + controller-manager + scheduler + containerd + kubelet, one node."""
 
-    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False) -> None:
+    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False, images: Sequence[Path] = ()) -> None:
+        """``images``: image archives the node has before the kubelet starts (node_images caches them)."""
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="glasspipe-cluster-"))
         self.keep_dir = keep_dir
@@ -129,6 +132,10 @@ class Cluster:
         bins = ["kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "ctr", "runc"]
         self.bins = {b: node_bin(b) for b in bins}
         self.pause = pause_archive()
+        self.images = [Path(a).resolve() for a in images]
+        self.preloaded: dict[Path, list[str]] = {}  # archive -> its image names, in the node before start
+        self.images_seconds = 0.0
+        self.images_cached = False
         pki = self.dir / "api" / "pki"
         self.api = KubeAPIServer(
             base_dir=self.dir / "api",
@@ -161,8 +168,7 @@ class Cluster:
             self._start_namespace()
             self._start_controller_manager(timeout)
             self._start_scheduler(timeout)
-            self._start_containerd(timeout)
-            self.import_image(self.pause)
+            self._start_containerd_with_images(timeout)
             self._start_kubelet()
             self._wait_node_ready(timeout)
             self._wait_default_service_account(timeout)
@@ -271,7 +277,8 @@ class Cluster:
     # --- node ------------------------------------------------------------------------------------
 
     def _write_cni(self) -> Path:
-        self.net = PodNetwork()
+        if self.net is None:
+            self.net = PodNetwork()
         conf_dir = self.dir / "cni" / "net.d"
         conf_dir.mkdir(parents=True, exist_ok=True)
         conf = {
@@ -339,6 +346,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         p = ServerProcess("containerd", argv, self.dir / "containerd.log").start()
         self.procs.append(p)
         p.wait_ready(lambda: self.ctr("version").returncode == 0, timeout, f"({self.sock})")
+
+    def _start_containerd_with_images(self, timeout: float) -> None:
+        """containerd with the pause image and ``self.images``: from node_images' cache, or imported and
+        then cached (containerd is stopped for the copy and started again)."""
+        t0 = time.monotonic()
+        archives = [self.pause, *self.images]
+        key = node_images.cache_key(self.bins["containerd"], archives)
+        names = node_images.restore(key, self.dir / "containerd" / "root")
+        self.images_cached = names is not None
+        self._start_containerd(timeout)
+        if names is None:
+            names = [self.import_image(a) for a in archives]
+            self.procs.pop().stop()
+            node_images.save(key, self.dir / "containerd" / "root", names)
+            self._start_containerd(timeout)
+        self.preloaded = {a: n for a, n in zip(archives, names, strict=True)}
+        self.images_seconds = time.monotonic() - t0
 
     def ctr(self, *args: str, check: bool = False, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
         argv = [str(self.bins["ctr"]), "--address", str(self.sock), *args]
