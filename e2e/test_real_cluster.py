@@ -348,8 +348,11 @@ def _steps(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator, ka
     print(f"[real-cluster] after kubectl delete pod {victim}:\n{history.since(t_delete)}", flush=True)
     assert app_states(op, ns)[f"{NAME}-1"][1] >= 2, app_states(op, ns)
     assert op.condition(ns, NAME, "Degraded")["status"] == "False"
-    warned = json.loads(op.k("get", "events", "-n", ns, "-o", "json"))["items"]
-    assert any(e["type"] == "Warning" and e["reason"] == degraded["reason"] for e in warned), warned
+
+    def warned() -> bool:  # kopf posts events from a queue: shortly after the status
+        events = json.loads(op.k("get", "events", "-n", ns, "-o", "json"))["items"]
+        return any(e["type"] == "Warning" and e["reason"] in ("ReplicaFailed", "ReplicaRestarting") for e in events)
+    wait_for(warned, "a Warning event ReplicaFailed or ReplicaRestarting", 60, op, interval=1.0)
     wait_rows(3500)
     figure("delete pod -> 3500 exact rows", t_delete)
     assert_exact(ch, table, 3500)
