@@ -270,6 +270,14 @@ def _steps(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator, ka
             print(debug())
             raise
         time.sleep(5)  # a late duplicate would land within a batch or two
+        for driver_pod in pods(cluster, ns, "spark-role=driver"):  # where a driver's start-up time went
+            name = driver_pod["metadata"]["name"]
+            text = cluster.kubectl("logs", name, "-n", ns, "--timestamps", check=False).stdout
+            path = tmp_path / f"{name}-{rows}.log"
+            path.write_text(text)
+            lines = text.splitlines()
+            print(f"[real-cluster] {name}: {len(lines)} log lines in {path}; first and last:\n"
+                  + "\n".join(x[:200] for x in lines[:1] + lines[-3:]), flush=True)
 
     # ---- (1) kubectl apply of the sms-dedup example, pointed at the node's Kafka and ClickHouse
     doc = load_example("sms-dedup.yaml")
