@@ -97,7 +97,7 @@ class SparkOperator:
         # spark-submit copies PYSPARK_PYTHON into the driver pod's environment unless the application sets
         # spark.pyspark.python: the tests' own interpreter (set by glasspipe_dev.spark for local sessions)
         # does not exist in the image ("Cannot run program …/venv/bin/python"). glasspipe's render sets it
-        # (render.py); a hand-written application (test_real_spark_operator's) relies on this.
+        # (render.py); a hand-written application would rely on this.
         for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
             self.proc.env.pop(name, None)
         self.proc.env.update(self.extra_env)
