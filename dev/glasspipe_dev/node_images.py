@@ -70,6 +70,7 @@ def _locked() -> Iterator[None]:
 
 def _copy_tree(src: Path, dst: Path) -> None:
     """``dst`` as a copy of containerd root ``src``: the immutable trees hard-linked, the rest copied."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
     subprocess.run(["cp", "-a", "--link", str(src), str(dst)], check=True)
     shared = [dst / s for s in _SHARED]
     for dirpath, dirnames, filenames in os.walk(dst):
