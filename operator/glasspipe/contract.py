@@ -150,6 +150,20 @@ TERMINATION_LOG = "/dev/termination-log"
 ENV_TERMINATION_LOG = "GLASSPIPE_TERMINATION_LOG"  # another file, outside a pod (the e2e stand-in)
 
 
+# ------------------------------------------------------------------------------ the job's metrics
+
+# The driver serves the job's Prometheus metrics on this port (``glasspipe_job.main --metrics-port``); the
+# render declares it on the driver container under this name, where the chart's PodMonitor and the
+# operator's freshness observation (glasspipe.freshness) find it.
+JOB_METRICS_PORT = 9108
+JOB_METRICS_PORT_NAME = "metrics"
+JOB_METRICS_PATH = "/metrics"
+# Series the operator reads back into the pipeline's status (the job defines them in glasspipe_job.metrics).
+METRIC_END_TO_END_LATENCY = "glasspipe_end_to_end_latency_seconds"
+METRIC_EVENT_TIME_LAG = "glasspipe_event_time_lag_seconds"
+METRIC_LAST_COMMITTED_EVENT_TIME = "glasspipe_last_committed_event_time_seconds"
+
+
 # ------------------------------------------------------------------------------ Spark and Kafka
 
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|sasl[.]jaas|ssl[.]keystore[.]key"

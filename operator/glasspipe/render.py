@@ -59,9 +59,20 @@ def _secret_volumes(spec: models.GlassPipelineSpec) -> tuple[list[dict[str, Any]
     return volumes, mounts
 
 
+def metrics_port() -> dict[str, Any]:
+    """The job's metrics port, declared on the driver container (by name, for the PodMonitor and the
+    operator's freshness observation). Declared in the pod template, not in ``driver.ports``: spark-operator
+    applies ``driver.ports`` only through its mutating webhook, which glasspipe does not need; Spark keeps
+    the template's ports and adds its own (driver-rpc-port, blockmanager, spark-ui)."""
+    return {"name": contract.JOB_METRICS_PORT_NAME, "containerPort": contract.JOB_METRICS_PORT, "protocol": "TCP"}
+
+
 def _pod_template(labels: dict[str, str], container: str, env: list[dict[str, Any]],
-                  volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+                  volumes: list[dict[str, Any]], mounts: list[dict[str, Any]],
+                  ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {"name": container}
+    if ports:
+        c["ports"] = ports
     if env:
         c["env"] = env
     if mounts:
@@ -113,7 +124,8 @@ def render_spark_application(
             "memory": spec.spark.driver.memory,
             "serviceAccount": spec.spark.service_account,
             "labels": dict(labels),
-            "template": _pod_template(dict(labels), "spark-kubernetes-driver", env, volumes, mounts),
+            "template": _pod_template(dict(labels), "spark-kubernetes-driver", env, volumes, mounts,
+                                      [metrics_port()]),
         },
         "executor": {
             "instances": spec.spark.executor.instances,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from glasspipe import contract
 from glasspipe.api.validation import validate_spec
 from glasspipe.render import render_spark_applications
 from glasspipe_dev.kube import KubeAPIServer, kube_bin
@@ -102,6 +103,9 @@ def test_monitors_render_only_when_asked(kube: KubeAPIServer, helm: Helm) -> Non
     assert monitors["ServiceMonitor"]["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == \
         "glasspipe-operator"
+    # The drivers are scraped on the port the render declares by name, not through spark-ui's address.
+    [endpoint] = monitors["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == contract.JOB_METRICS_PORT_NAME and "relabelings" not in endpoint
     # The real CRDs validate every field (a misspelt or removed field is rejected: strict field validation).
     for crd in monitoring_crds():
         name = yaml.safe_load(crd.read_text())["metadata"]["name"]

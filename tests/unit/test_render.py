@@ -53,8 +53,9 @@ def test_secrets_are_referenced_never_copied() -> None:
     assert env["GLASSPIPE_CLICKHOUSE_PASSWORD"] == {"name": "clickhouse-writer", "key": "password"}
     assert env["GLASSPIPE_KAFKA_SMS_PASSWORD"] == {"name": "sms-kafka-user", "key": "password"}
     assert {v["secret"]["secretName"] for v in driver["volumes"]} == {"kafka-ca", "clickhouse-ca"}
+    executor_container = {k: v for k, v in driver["containers"][0].items() if k != "ports"}  # metrics: driver only
     assert app["spec"]["executor"]["template"]["spec"] == driver | {
-        "containers": [{**driver["containers"][0], "name": "spark-kubernetes-executor"}]}
+        "containers": [{**executor_container, "name": "spark-kubernetes-executor"}]}
     # every env var that carries a Secret value is a reference, none has a literal value
     for container in (driver, app["spec"]["executor"]["template"]["spec"]):
         assert all("value" not in e for e in container["containers"][0]["env"])
@@ -75,3 +76,18 @@ def test_every_replica_reads_bounded_micro_batches_by_default() -> None:
     app = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml"))[0]
     config = json.loads(app["spec"]["arguments"][1])
     assert config["spec"]["sources"][0]["kafka"]["maxOffsetsPerTrigger"] == 200_000
+
+
+def test_driver_declares_the_job_metrics_port_by_name() -> None:
+    """The PodMonitor and the operator's freshness observation find the job's metrics by this port name."""
+    from glasspipe import contract
+
+    for app in render_spark_applications("ns", "p", "u", spec_of("filter-mapping.yaml")):
+        [driver] = app["spec"]["driver"]["template"]["spec"]["containers"]
+        assert driver["name"] == "spark-kubernetes-driver"
+        assert driver["ports"] == [{"name": "metrics", "containerPort": 9108, "protocol": "TCP"}]
+        assert (contract.JOB_METRICS_PORT_NAME, contract.JOB_METRICS_PORT) == ("metrics", 9108)
+        # In the template, not driver.ports: that one needs spark-operator's mutating webhook.
+        assert "ports" not in app["spec"]["driver"]
+        [executor] = app["spec"]["executor"]["template"]["spec"]["containers"]
+        assert "ports" not in executor
