@@ -488,12 +488,30 @@ class Condition(ApiModel):
     observed_generation: int | None = Field(None, ge=0)
 
 
+class ReplicaFreshness(ApiModel):
+    """What the operator last read from the replica's driver metrics (every --freshness-interval seconds)."""
+
+    driver_pod: str = Field(description="The driver pod whose metrics were read.")
+    observed_at: str = Field(json_schema_extra={"format": "date-time"}, description="When they were read.")
+    last_committed_event_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"},
+        description="Newest event time among the rows this replica has committed to ClickHouse.")
+    event_time_lag_seconds: float | None = Field(
+        None, description="observedAt minus lastCommittedEventTime: how far behind in event time the replica's "
+                          "committed rows were.")
+    end_to_end_latency_p95_seconds: float | None = Field(
+        None, description="p95 of Kafka append time to ClickHouse commit of the rows committed since the "
+                          "previous observation (since the driver started at the first one); absent when none was.")
+    error: str | None = Field(None, description="Why the driver's metrics could not be read.")
+
+
 class ReplicaStatus(ApiModel):
     index: int = Field(ge=0)
     application: str
     state: str = Field("", description="spark-operator's applicationState.state.")
     partitions: str = Field("", description="Which partitions of which topics this replica reads.")
     message: str = ""
+    freshness: ReplicaFreshness | None = None
 
 
 class GlassPipelineStatus(ApiModel):
@@ -503,6 +521,8 @@ class GlassPipelineStatus(ApiModel):
     ready_replicas: int = 0
     selector: str = ""
     replica_statuses: list[ReplicaStatus] = Field(default_factory=list, json_schema_extra=_map_list("index"))
+    event_time_lag_seconds: float | None = Field(
+        None, description="The largest replicaStatuses[].freshness.eventTimeLagSeconds (kubectl get's LAG).")
 
 
 def parse_spec(spec: dict[str, Any]) -> GlassPipelineSpec:
