@@ -19,6 +19,10 @@ from typing import Any
 
 from glasspipe.api import models
 
+# The Spark image of a pipeline that does not name one (spec.spark.image): the operator's --spark-image,
+# chart value spark.image. Not a CRD default, so that the operator's setting reaches new pipelines.
+DEFAULT_SPARK_IMAGE = "glasspipe/spark:0.1.0"
+
 # The job's entry point inside the Spark image, and the argument that carries its config.
 JOB_MAIN = "local:///opt/glasspipe/sparkapp/glasspipe_job/main.py"
 CONFIG_ARGUMENT = "--config-json"

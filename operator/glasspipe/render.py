@@ -89,9 +89,11 @@ def spec_hash(obj: Any) -> str:
 
 
 def render_spark_application(
-    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec, replica: int
+    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec, replica: int,
+    default_image: str = contract.DEFAULT_SPARK_IMAGE,
 ) -> dict[str, Any]:
-    """The SparkApplication of one replica, owned by the GlassPipeline."""
+    """The SparkApplication of one replica, owned by the GlassPipeline; ``default_image`` is the Spark
+    image when the spec names none (the operator's --spark-image)."""
     name = application_name(pipeline, replica)
     labels = {
         "app.kubernetes.io/name": "glasspipe",
@@ -107,7 +109,7 @@ def render_spark_application(
         "type": "Python",
         "pythonVersion": "3",
         "mode": "cluster",
-        "image": spec.spark.image,
+        "image": spec.spark.image or default_image,
         "imagePullPolicy": spec.spark.image_pull_policy,
         "mainApplicationFile": contract.JOB_MAIN,
         "arguments": [contract.CONFIG_ARGUMENT, contract.job_config_json(config)],
@@ -157,9 +159,10 @@ def render_spark_application(
 
 
 def render_spark_applications(
-    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec
+    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec,
+    default_image: str = contract.DEFAULT_SPARK_IMAGE,
 ) -> list[dict[str, Any]]:
     """Every SparkApplication the pipeline should have now (none while suspended)."""
     if spec.suspend:
         return []
-    return [render_spark_application(namespace, pipeline, uid, spec, i) for i in range(spec.replicas)]
+    return [render_spark_application(namespace, pipeline, uid, spec, i, default_image) for i in range(spec.replicas)]

@@ -173,6 +173,9 @@ def test_install_creates_everything(kube: KubeAPIServer, helm: Helm, installed: 
     dep = get(kube, "deployment", f"{rel}-glasspipe", ns)
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "glasspipe/operator:0.1.0"
+    # Pipelines without spec.spark.image get the chart's Spark image, by default the one the code knows.
+    assert f"--spark-image={contract.DEFAULT_SPARK_IMAGE}" in container["args"]
+    assert "--freshness-interval=30" in container["args"]
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == f"{rel}-glasspipe"
     assert get(kube, "crd", CRD_NAME)["spec"]["names"]["shortNames"] == ["gp"]
     # Spark driver identity in the job namespace, with exactly the rights the driver uses.
@@ -195,6 +198,7 @@ def test_upgrade_then_operator_reconciles_under_installed_rbac(
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crds)
     helm.run("upgrade", rel, str(CHART), "--namespace", ns, "--reuse-values",
              "--set", f"watchNamespaces={{{jobs}}}", "--set", "reconcileInterval=2",
+             "--set", "spark.image.repository=registry.example/team/spark", "--set", "spark.image.tag=4.2-gp7",
              "--set", "spark.serviceAccount.annotations.example\\.com/checkpoints=s3-writer")
     status = json.loads(helm.run("status", rel, "-n", ns, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed" and status["version"] == 2
@@ -207,7 +211,9 @@ def test_upgrade_then_operator_reconciles_under_installed_rbac(
     dep = get(kube, "deployment", f"{rel}-glasspipe", ns)
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={jobs}" in args and "--reconcile-interval=2" in args
-    passed_on = [a for a in args if a.startswith(("--namespace=", "--peering="))]
+    image = "registry.example/team/spark:4.2-gp7"
+    assert f"--spark-image={image}" in args
+    passed_on = [a for a in args if a.startswith(("--namespace=", "--peering=", "--spark-image="))]
 
     kubeconfig = kube.service_account_kubeconfig(ns, f"{rel}-glasspipe", create=False)
     op = Operator(kube, kubeconfig, tmp_path / "operator.log")
@@ -218,8 +224,9 @@ def test_upgrade_then_operator_reconciles_under_installed_rbac(
         apps = op.wait_apps(jobs, ["sms-dedup-0"])
         obj = op.pipeline(jobs, "sms-dedup")
         spec, _ = validate_spec(obj["spec"])
-        want = render_spark_applications(jobs, "sms-dedup", obj["metadata"]["uid"], spec)[0]
-        assert apps["sms-dedup-0"]["spec"] == want["spec"]
+        assert "image" not in obj["spec"]["spark"]  # the example names none: the chart's value applies
+        want = render_spark_applications(jobs, "sms-dedup", obj["metadata"]["uid"], spec, image)[0]
+        assert apps["sms-dedup-0"]["spec"] == want["spec"] and want["spec"]["image"] == image
         assert apps["sms-dedup-0"]["metadata"]["annotations"] == want["metadata"]["annotations"]
         # The driver's ServiceAccount the render names is the one this chart created.
         assert want["spec"]["driver"]["serviceAccount"] == "spark-operator-spark"

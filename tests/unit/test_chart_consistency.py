@@ -136,3 +136,14 @@ def test_dead_letter_series_carry_the_reason_the_dashboard_groups_by() -> None:
                if s.name == "glasspipe_dead_letters_by_reason_total"}
     assert samples == {("malformed_json", 2.0), ("missing_key", 1.0)}
     assert job.totals.per_reason == {"malformed_json": 2, "missing_key": 1}
+
+
+def test_chart_s_default_spark_image_is_the_one_the_code_defaults_to() -> None:
+    """The chart passes spark.image to the operator (--spark-image); by default the same image as without it."""
+    from glasspipe.contract import DEFAULT_SPARK_IMAGE
+
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    image = VALUES["spark"]["image"]
+    assert f"{image['repository']}:{image['tag'] or app_version}" == DEFAULT_SPARK_IMAGE
+    deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    assert "- --spark-image={{ .Values.spark.image.repository }}:" in deployment

@@ -41,6 +41,19 @@ def test_render_is_byte_stable_and_changes_only_with_the_spec() -> None:
     assert changed != first
 
 
+def test_spark_image_is_the_spec_s_else_the_operator_s() -> None:
+    """spec.spark.image has no CRD default: the operator's --spark-image (chart value spark.image) applies."""
+    from glasspipe import contract
+
+    assert spec_of("sms-dedup.yaml").spark.image is None
+    [app] = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml", replicas=1))
+    assert app["spec"]["image"] == contract.DEFAULT_SPARK_IMAGE == "glasspipe/spark:0.1.0"
+    [app] = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml", replicas=1), "reg/spark:7")
+    assert app["spec"]["image"] == "reg/spark:7"
+    named = spec_of("sms-dedup.yaml", replicas=1, spark={"image": "mine/spark:1"})
+    assert render_spark_applications("ns", "p", "u", named, "reg/spark:7")[0]["spec"]["image"] == "mine/spark:1"
+
+
 def test_suspend_renders_nothing() -> None:
     assert render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml", suspend=True)) == []
 

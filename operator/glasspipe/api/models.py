@@ -414,7 +414,10 @@ class ExecutorResources(Resources):
 
 
 class SparkSettings(ApiModel):
-    image: str = Field("glasspipe/spark:0.1.0", max_length=512, description="Image with Spark and the glasspipe job.")
+    image: str | None = Field(
+        None, min_length=1, max_length=512,
+        description="Image with Spark and the glasspipe job; default: the operator's --spark-image (chart value "
+                    "spark.image, glasspipe/spark:<chart appVersion>).")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent")
     service_account: str = Field(
         "spark-operator-spark", max_length=253, description="ServiceAccount of the driver (spark-operator's chart)."

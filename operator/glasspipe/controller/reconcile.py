@@ -25,6 +25,7 @@ from glasspipe import conditions as cond
 from glasspipe import freshness as fresh
 from glasspipe.api import models
 from glasspipe.api.validation import SpecInvalid, validate_spec
+from glasspipe.contract import DEFAULT_SPARK_IMAGE
 from glasspipe.controller import job_metrics, metrics
 from glasspipe.controller.plan import Plan, holds, lingering_drivers, plan_children, replica_index
 from glasspipe.controller.spark_operator import DRIVER_POD_LABEL
@@ -79,11 +80,13 @@ class Reconciler:
     """Converges pipelines through a synchronous Kubernetes client (called from kopf's worker threads)."""
 
     def __init__(self, api: client.ApiClient, post_event: EventPoster | None = None,
-                 freshness_interval: float = fresh.DEFAULT_INTERVAL) -> None:
+                 freshness_interval: float = fresh.DEFAULT_INTERVAL,
+                 spark_image: str = DEFAULT_SPARK_IMAGE) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.post_event = post_event
         self.freshness_interval = freshness_interval
+        self.spark_image = spark_image  # for pipelines whose spec names no image
         self._observed: dict[tuple[str, str], _Observed] = {}
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._slots_lock = threading.Lock()
@@ -234,7 +237,7 @@ class Reconciler:
             assessment = cond.assess(len(apps), observed, invalid=invalid)
             desired_count = len(apps)
         else:
-            desired = render_spark_applications(namespace, name, uid, spec)
+            desired = render_spark_applications(namespace, name, uid, spec, self.spark_image)
             listed = {a["metadata"]["name"] for a in apps}
             unlisted, foreign = self.unlisted_apps(
                 namespace, uid, [d["metadata"]["name"] for d in desired if d["metadata"]["name"] not in listed])
