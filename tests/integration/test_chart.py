@@ -121,6 +121,22 @@ def test_monitors_render_only_when_asked(kube: KubeAPIServer, helm: Helm) -> Non
     wait_for(dry_run, "the monitors to pass a strict server-side dry run", timeout=20)
 
 
+def test_dashboard_configmap_ships_the_freshness_panels(helm: Helm) -> None:
+    def dashboards(*extra: str) -> list[dict[str, Any]]:
+        rendered = docs(helm.run("template", "gp", str(CHART), *extra).stdout)
+        return [d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+
+    [cm] = dashboards()
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"  # what Grafana's sidecar looks for
+    dashboard = json.loads(cm["data"]["glasspipe.json"])
+    exprs = {p["title"]: " ".join(t["expr"] for t in p.get("targets", [])) for p in dashboard["panels"]}
+    latency = exprs["End-to-end latency (Kafka append to ClickHouse commit)"]
+    assert "glasspipe_end_to_end_latency_seconds_bucket" in latency
+    assert "glasspipe_event_time_lag_seconds_bucket" in exprs["Event-time lag at commit"]
+    assert "glasspipe_last_committed_event_time_seconds" in exprs["Event-time staleness now, per replica"]
+    assert dashboards("--set", "grafana.dashboard.enabled=false") == []
+
+
 # --------------------------------------------------------------------------------------------- dry run
 
 

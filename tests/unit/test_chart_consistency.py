@@ -74,7 +74,8 @@ def test_dashboard_shows_what_an_operator_needs() -> None:
     for name in ("glasspipe_rows_written_total", "glasspipe_duplicates_dropped_total",
                  "glasspipe_dead_letters_by_reason_total", "glasspipe_consumer_lag", "glasspipe_state_rows",
                  "glasspipe_batch_duration_seconds_bucket", "glasspipe_pipeline_ready_replicas",
-                 "glasspipe_operator_reconciles_total"):
+                 "glasspipe_operator_reconciles_total", "glasspipe_end_to_end_latency_seconds_bucket",
+                 "glasspipe_event_time_lag_seconds_bucket", "glasspipe_last_committed_event_time_seconds"):
         assert name in used, name
     reasons = [q for q in queries(DASHBOARD) if "glasspipe_dead_letters_by_reason_total" in q]
     assert all("reason" in q.split("(")[1] for q in reasons), "dead letters must be split by reason"
