@@ -204,3 +204,12 @@ def test_the_operator_reads_the_drivers_once_per_interval(monkeypatch: pytest.Mo
     assert later[0]["freshness"]["lastCommittedEventTime"] == "2026-01-01T00:00:03.000Z" and len(listed) == 2
     off = Reconciler(mock.MagicMock(), freshness_interval=0)
     assert off.observe_freshness("ns", "p", apps, statuses("p-0"), first) == statuses("p-0")
+
+
+def test_a_failed_pod_list_keeps_the_entries_and_the_reconciliation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubernetes.client.exceptions import ApiException
+
+    rec = Reconciler(mock.MagicMock(), freshness_interval=30)
+    monkeypatch.setattr(rec, "running_driver_pods", mock.Mock(side_effect=ApiException(503, "Unavailable")))
+    current = fr.with_freshness(statuses("p-0"), {0: {"driverPod": "d0", "observedAt": "2026-01-01T00:00:00Z"}})
+    assert rec.observe_freshness("ns", "p", [], statuses("p-0"), current) == current

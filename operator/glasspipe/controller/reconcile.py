@@ -344,7 +344,13 @@ class Reconciler:
             return fresh.carried_over(statuses, current) if self.freshness_interval > 0 else list(statuses)
         app_index = {str(a["metadata"].get("uid")): replica_index(a) for a in apps
                      if not a["metadata"].get("deletionTimestamp")}
-        targets = fresh.driver_targets(self.running_driver_pods(namespace, name), app_index)
+        try:
+            pods = self.running_driver_pods(namespace, name)
+        except ApiException as e:  # freshness is never worth failing a reconciliation: try again next time
+            log.warning("GlassPipeline %s/%s: cannot list driver pods for freshness: %s", namespace, name,
+                        _api_error(e))
+            return fresh.carried_over(statuses, current)
+        targets = fresh.driver_targets(pods, app_index)
         results = job_metrics.read_samples(targets)
         observed_at = time.time()
         previous = last.samples if last else {}
