@@ -61,6 +61,27 @@ gp_build_kube_cmds() {
   fi
   for c in "$@"; do ln -sfn "$c-$version" "$GP_BIN/$c"; done
 }
+# Copies files of a Go module (fetched through the Go module proxy into GOMODCACHE) into OUT,
+# atomically; a no-op once OUT is complete. Usage: gp_module_files MODULE@VERSION OUT GLOB...
+gp_module_files() {
+  local module="$1" out="$2" dir pattern
+  shift 2
+  if [ -f "$out/.complete" ]; then
+    gp_log "$module: cached ($out)"
+    return 0
+  fi
+  command -v go >/dev/null 2>&1 || { gp_log "ERROR: the Go toolchain is needed (go mod download $module)"; exit 1; }
+  gp_go_env
+  dir="$(cd /tmp && go mod download -json "$module" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+  [ -n "$dir" ] || { gp_log "ERROR: go mod download of $module failed"; exit 1; }
+  rm -rf "$out.tmp" && mkdir -p "$out.tmp"
+  # shellcheck disable=SC2086  # each pattern is a glob inside the module
+  for pattern in "$@"; do cp "$dir"/$pattern "$out.tmp/"; done
+  touch "$out.tmp/.complete"
+  rm -rf "$out" && mv "$out.tmp" "$out"
+  gp_log "$module: $out"
+}
+
 gp_log() { printf '[glasspipe-dev] %s\n' "$*" >&2; }
 
 # Run "$@" and print how long it took, so set-up times are visible in CI logs.
