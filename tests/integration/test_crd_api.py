@@ -53,6 +53,8 @@ def test_examples_are_accepted_and_defaulted(api: KubeAPIServer, path: Path) -> 
     given = doc["spec"]["sources"][0]["kafka"].get("security", {})
     assert spec["sources"][0]["kafka"]["security"] == {"protocol": "PLAINTEXT", **given}  # no tls: {} added
     assert spec["sink"]["clickhouse"]["batching"]["maxRows"] >= 1
+    # No image default in the CRD: the operator's --spark-image applies to pipelines that name none.
+    assert "image" not in spec["spark"]
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -133,6 +135,7 @@ INVALID = [
     ("bad-clickhouse-type", "filter-mapping.yaml", _set("spec.sink.clickhouse.columns.0.type", "Strin"),
      "spec.sink.clickhouse.columns[0].type"),
     ("negative-replicas", "sms-dedup.yaml", _set("spec.replicas", -1), "spec.replicas"),
+    ("empty-spark-image", "sms-dedup.yaml", _set("spec.spark.image", ""), "spec.spark.image"),
     ("missing-checkpoint", "sms-dedup.yaml", _set("spec.checkpoint", _DELETE), "checkpoint"),
     ("duplicate-field-names", "sms-dedup.yaml",
      _set("spec.sources.0.schema.fields.1", {"name": "sms_id", "type": "long"}), "Duplicate value"),
@@ -195,4 +198,4 @@ def test_kubectl_scale_sets_spec_replicas(api: KubeAPIServer) -> None:
 
 def test_printer_columns(api: KubeAPIServer) -> None:
     out = api.kubectl("get", "gp", "-n", NS).stdout.splitlines()[0].split()
-    assert out[:6] == ["NAME", "READY", "REPLICAS", "RUNNING", "TOPICS", "AGE"]
+    assert out[:7] == ["NAME", "READY", "REPLICAS", "RUNNING", "LAG", "TOPICS", "AGE"]
