@@ -104,6 +104,13 @@ def test_status_shows_each_replica_s_committed_event_time(operator: Operator) ->
         assert 0.25 < first["endToEndLatencyP95Seconds"] <= 0.5, first  # 99 of 100 rows 0.3 s after append
         status = op.pipeline(ns, "pay")["status"]
         assert status["eventTimeLagSeconds"] == first["eventTimeLagSeconds"]
+        # The per-replica jsonpath docs/operations.md gives.
+        jsonpath = ('{range .status.replicaStatuses[*]}{.index} {.freshness.lastCommittedEventTime} '
+                    'lag={.freshness.eventTimeLagSeconds} p95={.freshness.endToEndLatencyP95Seconds} '
+                    '{.freshness.error}{"\\n"}{end}')
+        assert jsonpath in (ROOT / "docs" / "operations.md").read_text()
+        line = op.k("get", "glasspipelines.glasspipe.io", "pay", "-n", ns, "-o", f"jsonpath={jsonpath}")
+        assert line.startswith(f"0 {stamp} lag="), line
         table = op.k("get", "glasspipelines.glasspipe.io", "pay", "-n", ns)
         header, row = table.splitlines()[:2]
         assert "LAG" in header.split() and str(first["eventTimeLagSeconds"]) in row.split(), table
