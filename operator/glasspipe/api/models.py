@@ -346,11 +346,23 @@ class Batching(ApiModel):
     )
 
 
+# How long a DELETE the sink issued may wait for ClickHouse (sink.clickhouse.mutationTimeout): at least a
+# second (a poll and a backoff step; less would stop on every healthy delete), at most a day (a stuck
+# mutation has to reach someone; a day covers rewriting the largest parts).
+DEFAULT_MUTATION_TIMEOUT = "15m"
+MIN_MUTATION_TIMEOUT = "1s"
+MAX_MUTATION_TIMEOUT = "24h"
+
+
 class ClickHouseSink(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             ("self.secure || !has(self.caSecretRef)",
              "sink.clickhouse.caSecretRef is only used with secure: true: set secure or remove caSecretRef"),
+            (f"{cel_duration_ms('self.mutationTimeout')} >= {cel_duration_ms(repr(MIN_MUTATION_TIMEOUT))} && "
+             f"{cel_duration_ms('self.mutationTimeout')} <= {cel_duration_ms(repr(MAX_MUTATION_TIMEOUT))}",
+             f"sink.clickhouse.mutationTimeout must be at least {MIN_MUTATION_TIMEOUT} and at most "
+             f"{MAX_MUTATION_TIMEOUT} (default {DEFAULT_MUTATION_TIMEOUT})"),
         )
     )
 
@@ -380,6 +392,14 @@ class ClickHouseSink(ApiModel):
         description="Output columns. Default: every declared field, with its default ClickHouse type.",
     )
     batching: Batching = Field(default_factory=lambda: Batching())
+    mutation_timeout: Duration = Field(
+        DEFAULT_MUTATION_TIMEOUT,
+        description="How long the sink waits for a DELETE it issued on the table (removing a crashed write's "
+        "partial chunks, rolling back an abandoned batch) before the replica stops with MutationStuck, naming "
+        "the table's unfinished mutations. ClickHouse runs a table's mutations in order, so one that cannot "
+        f"finish blocks ours. Between {MIN_MUTATION_TIMEOUT} and {MAX_MUTATION_TIMEOUT}; raise it when deletes "
+        "on big parts are only slow.",
+    )
 
 
 class Sink(ApiModel):
