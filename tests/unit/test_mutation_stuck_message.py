@@ -80,6 +80,7 @@ def test_a_stuck_delete_in_foreach_batch_becomes_the_termination_message_and_deg
     degraded = next(c for c in a.conditions if c.type == cond.DEGRADED)
     assert degraded.status == "True"
     assert degraded.message.startswith(f"replica orders-0 is FAILED: {line}")
+    assert a.replica_statuses[0]["message"].startswith(line)
     assert "KILL MUTATION WHERE database = 'shop' AND table = 'orders' AND mutation_id = 'mutation_2.txt'" in (
         degraded.message)
 

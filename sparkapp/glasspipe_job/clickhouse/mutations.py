@@ -73,7 +73,8 @@ def stuck_message(what: str, full_table: str, database: str, table: str, waited:
         f"Fix: find why the oldest cannot finish (system.mutations, the server log); if it never will, "
         f"remove it (ClickHouse 19.x+: KILL MUTATION WHERE database = '{database}' AND table = '{table}' AND "
         f"mutation_id = '{first}'; older servers: delete its {first} file in the table's data folder and "
-        f"restart the server), then restart this replica: it issues its delete again. If the mutations are "
+        f"restart the server), then restart this replica (spark-operator restarts a failed one by itself): it "
+        f"issues its delete again. If the mutations are "
         f"only slow (big parts to rewrite), raise {TIMEOUT_FIELD}. Rows of the delete are visible to readers "
         f"until it finishes"
     )
