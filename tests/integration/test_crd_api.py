@@ -53,6 +53,7 @@ def test_examples_are_accepted_and_defaulted(api: KubeAPIServer, path: Path) -> 
     given = doc["spec"]["sources"][0]["kafka"].get("security", {})
     assert spec["sources"][0]["kafka"]["security"] == {"protocol": "PLAINTEXT", **given}  # no tls: {} added
     assert spec["sink"]["clickhouse"]["batching"]["maxRows"] >= 1
+    assert spec["sink"]["clickhouse"]["mutationTimeout"] == "15m"
     # No image default in the CRD: the operator's --spark-image applies to pipelines that name none.
     assert "image" not in spec["spark"]
 
@@ -125,6 +126,12 @@ INVALID = [
     ("clickhouse-ca-without-secure", "sms-dedup.yaml",
      _set("spec.sink.clickhouse.caSecretRef", {"name": "ch-ca", "key": "ca.crt"}),
      "sink.clickhouse.caSecretRef is only used with secure: true"),
+    ("mutation-timeout-too-short", "sms-dedup.yaml", _set("spec.sink.clickhouse.mutationTimeout", "500ms"),
+     "sink.clickhouse.mutationTimeout must be at least 1s and at most 24h (default 15m)"),
+    ("mutation-timeout-too-long", "sms-dedup.yaml", _set("spec.sink.clickhouse.mutationTimeout", "2d"),
+     "sink.clickhouse.mutationTimeout must be at least 1s and at most 24h (default 15m)"),
+    ("mutation-timeout-not-a-duration", "sms-dedup.yaml", _set("spec.sink.clickhouse.mutationTimeout", "15 min"),
+     "spec.sink.clickhouse.mutationTimeout"),
     ("bad-secret-name", "sms-dedup.yaml",
      _set("spec.sink.clickhouse.passwordSecretRef", {"name": "CH_Creds", "key": "password"}),
      "spec.sink.clickhouse.passwordSecretRef.name"),
