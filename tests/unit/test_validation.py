@@ -129,6 +129,15 @@ def test_window_bounds() -> None:
                    "and a unit, e.g. 500ms, 30s, 5m, 1h, 7d")
 
 
+@pytest.mark.parametrize("value", ["0s", "30d"])
+def test_max_future_skew_bounds_hold_without_an_api_server(value: str) -> None:
+    """``glasspipe run`` and the job have no CRD to apply its CEL rule: the same bound is checked here."""
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["eventTime"]["maxFutureSkew"] = value
+    [msg] = problems_of(doc)
+    assert msg == f"spec.sources[0].eventTime.maxFutureSkew: must be greater than 0 and at most 7d, got {value}"
+
+
 @pytest.mark.parametrize("value", ["0s", "999ms", "25h", "2d"])
 def test_mutation_timeout_out_of_bounds_names_the_field_and_the_fix(value: str) -> None:
     doc = load("sms-dedup.yaml")

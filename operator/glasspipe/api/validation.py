@@ -214,6 +214,7 @@ class _Checker:
                              f"time in format {et.format}; use " + (" or ".join(sorted(ok)) if ok else
                                                                    "a timestamp, string or long field"))
         self.check_window(f"{path}.eventTime.allowedLateness", et.allowed_lateness, "7d")
+        self.check_window(f"{path}.eventTime.maxFutureSkew", et.max_future_skew, "7d")
 
     def check_kafka_security(self, path: str, sec: models.KafkaSecurity) -> None:
         """The CRD's CEL rules on security, for ``glasspipe validate`` and the job (no API server there)."""
