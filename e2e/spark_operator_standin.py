@@ -130,6 +130,7 @@ class Driver:
     submitted_at: float = 0.0  # lastSubmissionAttemptTime (monotonic): retry intervals count from it
     kill_at: float | None = None  # terminating: SIGKILL if the driver still runs then
     pod_deleted: bool = False  # its driver pod was deleted (kubectl delete pod) while it ran
+    metrics_port: int = 0  # where this attempt's job serves its metrics (declared on the pod, podIP 127.0.0.1)
 
     @property
     def key(self) -> str:
@@ -345,6 +346,7 @@ class SparkOperatorStandIn:
             self._write(d, SUBMISSION_FAILED, f"cannot build the driver's environment: {e}")
             return
         self._delete_pod(d, grace=0, only_own=True)  # the previous attempt's pod, as before a rerun
+        d.metrics_port = free_port()
         try:
             self._create_pod(d, obj)
         except ApiException as e:  # e.g. a namesake's driver pod still terminating
@@ -354,7 +356,7 @@ class SparkOperatorStandIn:
             return
         entry = [str(self.job_script)] if self.job_script else ["-m", JOB_MODULE]
         argv = [self.python, *entry, *[str(a) for a in spec.get("arguments") or []],
-                "--local", f"--metrics-port={free_port()}"]
+                "--local", f"--metrics-port={d.metrics_port}"]
         log_path = folder / f"{d.uid[:8]}-attempt-{d.attempts}.log"
         termination_log = folder / "termination-log"  # the container's /dev/termination-log
         termination_log.unlink(missing_ok=True)
@@ -363,7 +365,8 @@ class SparkOperatorStandIn:
         assert d.proc.proc is not None
         self._pid_file(d).write_text(f"{d.proc.proc.pid}\n")
         d.started = d.submitted_at = time.monotonic()
-        self._set_pod_phase(d, "Running")
+        # The kubelet's part: the pod runs here, so the operator reads the job's metrics at 127.0.0.1.
+        self._set_pod_phase(d, "Running", {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
         log.info("%s: submitted attempt %d, pid %d, log %s", d.key, d.attempts, d.proc.proc.pid, log_path)
         self._write(d, SUBMITTED, extra={
             "submissionAttempts": d.attempts,
@@ -492,8 +495,12 @@ class SparkOperatorStandIn:
         return f"{d.name}-driver"
 
     def _create_pod(self, d: Driver, obj: dict[str, Any]) -> None:
-        """The driver pod as spark-operator submits it: its labels, owned by the application."""
+        """The driver pod as spark-operator submits it: its labels, owned by the application, and the rendered
+        template's container ports (the job's metrics port, here at this attempt's local port)."""
         spec = obj.get("spec") or {}
+        template = (((spec.get("driver") or {}).get("template") or {}).get("spec") or {}).get("containers") or [{}]
+        ports = [{**p, "containerPort": d.metrics_port} if p.get("name") == contract.JOB_METRICS_PORT_NAME else p
+                 for p in template[0].get("ports") or []]
         labels = {**((spec.get("driver") or {}).get("labels") or {}), "spark-role": "driver",
                   "sparkoperator.k8s.io/app-name": d.name, "sparkoperator.k8s.io/launched-by-spark-operator": "true"}
         pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
@@ -502,7 +509,8 @@ class SparkOperatorStandIn:
                                               "name": d.name, "uid": d.uid, "controller": True}]},
             "spec": {"nodeName": NODE_NAME, "restartPolicy": "Never",
                      "terminationGracePeriodSeconds": int(self.kill_grace),
-                     "containers": [{"name": "spark-kubernetes-driver", "image": spec.get("image") or "spark"}]}}
+                     "containers": [{"name": "spark-kubernetes-driver", "image": spec.get("image") or "spark",
+                                     **({"ports": ports} if ports else {})}]}}
         self.core.create_namespaced_pod(d.namespace, pod)  # type: ignore[arg-type]  # dicts are accepted
 
     def _terminated(self, d: Driver, obj: dict[str, Any], rc: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from glasspipe.render import metrics_port
 from glasspipe_dev.kube import KubeAPIServer
 from operator_harness import apply_crd, spark_crd, wait_for
 from spark_operator_standin import FINALIZER, StandInProcess
@@ -44,11 +45,11 @@ class Cluster:
     def __init__(self, kube: KubeAPIServer, ns: str, standin: StandInProcess) -> None:
         self.kube, self.ns, self.standin = kube, ns, standin
 
-    def create(self, name: str, policy: dict[str, Any], **config: Any) -> None:
+    def create(self, name: str, policy: dict[str, Any], driver: dict[str, Any] | None = None, **config: Any) -> None:
         app = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
                "metadata": {"name": name, "namespace": self.ns},
                "spec": {"type": "Python", "sparkVersion": "4.2.0", "mainApplicationFile": "local:///job.py",
-                        "driver": {}, "executor": {}, "arguments": ["--config-json", json.dumps(config)],
+                        "driver": driver or {}, "executor": {}, "arguments": ["--config-json", json.dumps(config)],
                         "restartPolicy": policy}}
         self.kube.kubectl("apply", "-f", "-", input=json.dumps(app))
 
@@ -196,3 +197,20 @@ def test_a_driver_that_ignores_sigterm_is_killed_after_the_grace_period(cluster:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert "stubborn: driver pid" in cluster.standin.log_tail(50) and "SIGKILL" in cluster.standin.log_tail(50)
+
+
+def test_the_driver_pod_declares_where_this_driver_serves_its_metrics(cluster: Cluster) -> None:
+    """As the kubelet would show it: the rendered metrics port on the container and a pod IP, so that the
+    operator's freshness observation reaches the local driver (http://127.0.0.1:<its --metrics-port>)."""
+    template = {"spec": {"containers": [{"name": "spark-kubernetes-driver", "ports": [metrics_port()]}]}}
+    cluster.create("ports", {"type": "Always"}, driver={"template": template}, sleep=3600)
+    cluster.wait("ports", "RUNNING", 1)
+    pod = cluster.pod("ports-driver") or {}
+    [port] = pod["spec"]["containers"][0]["ports"]
+    assert port["name"] == "metrics" and port["containerPort"] != 9108
+    assert pod["status"]["phase"] == "Running" and pod["status"]["podIP"] == "127.0.0.1"
+    pid = cluster.standin.driver_pid(cluster.ns, "ports")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert f"--metrics-port={port['containerPort']}" in argv, argv
+    cluster.kube.kubectl("delete", SPARKAPPS, "ports", "-n", cluster.ns, "--wait=false")
+    wait_for(lambda: cluster.pod("ports-driver") is None, "its driver pod to be gone", 30, interval=0.2)

@@ -170,10 +170,11 @@ def chart_rbac(namespace: str) -> str:
 
 
 @contextmanager
-def running_operator(kube: KubeAPIServer, log: Path,
-                     command: Callable[[Path], list[str]] | None = None) -> Iterator[Operator]:
+def running_operator(kube: KubeAPIServer, log: Path, command: Callable[[Path], list[str]] | None = None,
+                     extra_args: Sequence[str] = ()) -> Iterator[Operator]:
     """CRDs applied, the operator running under the chart's RBAC; fails if it was ever forbidden anything.
-    ``command`` runs it some other way than the local ``glasspipe-operator`` (the operator image)."""
+    ``command`` runs it some other way than the local ``glasspipe-operator`` (the operator image);
+    ``extra_args`` are more of its options."""
     apply_crd(kube, GP_CRD, "glasspipelines.glasspipe.io")
     apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")
     system_ns = f"glasspipe-system-{uuid.uuid4().hex[:6]}"
@@ -181,7 +182,7 @@ def running_operator(kube: KubeAPIServer, log: Path,
     kube.kubectl("apply", "-f", "-", input=chart_rbac(system_ns))
     kubeconfig = kube.service_account_kubeconfig(system_ns, f"{RELEASE}-glasspipe", create=False)
     op = Operator(kube, kubeconfig, log, command)
-    op.start()
+    op.start(extra_args)
     try:
         yield op
     finally:

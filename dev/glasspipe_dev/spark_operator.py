@@ -28,9 +28,10 @@ INSTALL_HINT = "run dev/install/spark-operator.sh"
 
 
 def crd_dir() -> Path:
-    found = sorted((cache_dir() / "kube").glob("spark-operator-v*/crds"))
+    found = sorted((cache_dir() / "kube").glob("spark-operator-crds-v*"))
     if not found:
-        raise NotInstalledError(f"spark-operator CRDs missing under {cache_dir() / 'kube'}: {INSTALL_HINT}")
+        raise NotInstalledError(f"spark-operator CRDs missing under {cache_dir() / 'kube'}: "
+                                "run dev/install/spark-operator-crd.sh")
     return found[-1]
 
 
