@@ -159,6 +159,16 @@ class History:
             p.wait(timeout=10)
 
 
+def stale_image(degraded: dict[str, Any]) -> None:
+    """Fail at once, with the fix, when the driver's job rejects what the operator rendered: the image
+    archive in $GLASSPIPE_CACHE/images was built from older sources (dev/setup.sh rebuilds it when its
+    inputs change; a test run alone does not)."""
+    if degraded.get("status") == "True" and "invalid pipeline spec" in degraded.get("message", ""):
+        pytest.fail(f"the job in the Spark image rejects the rendered spec ({degraded['message']}): the image "
+                    "archive is older than operator/ and sparkapp/; rebuild it with `bash dev/install/images.sh`",
+                    pytrace=False)
+
+
 def count(ch: ClickHouseServer, table: str) -> int:
     """Rows in ``table``; 0 until the job has created it."""
     if not ch.client().execute(f"EXISTS TABLE {table}")[0][0]:
@@ -252,8 +262,10 @@ def _steps(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator, ka
 
     def wait_ready(what: str, timeout: float = APP_TIMEOUT) -> None:
         try:
-            wait_for(lambda: condition_is(op, ns, "Ready", "True", "AllReplicasRunning"), f"{what}", timeout, op,
-                     interval=2.0)
+            def ready() -> dict[str, Any] | None:
+                stale_image(op.condition(ns, NAME, "Degraded"))
+                return condition_is(op, ns, "Ready", "True", "AllReplicasRunning")
+            wait_for(ready, f"{what}", timeout, op, interval=2.0)
         except BaseException:
             print(debug())
             raise
@@ -261,6 +273,7 @@ def _steps(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator, ka
 
     def wait_rows(rows: int) -> None:
         def check() -> bool:
+            stale_image(op.condition(ns, NAME, "Degraded"))
             n = count(ch, table)
             assert n >= rows, f"{n} of {rows} rows"
             return True
