@@ -40,7 +40,7 @@ from workload import Workload
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import load_example, produce, run_argv, write_pipeline
+from glasspipe_dev.pipelines import produce, run_argv, sms_dedup_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
@@ -58,16 +58,7 @@ def make_events(n: int, rate: float) -> tuple[list[tuple[bytes, bytes]], int]:
 
 
 def pipeline(tmp: Path, topic: str, name: str, max_rows: int, max_offsets: int) -> Path:
-    doc = load_example("sms-dedup.yaml")
-    doc["metadata"]["name"] = name
-    spec = doc["spec"]
-    spec["sources"][0]["kafka"]["topic"] = topic
-    spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = max_offsets
-    spec["sources"][0]["schema"]["fields"].append({"name": "seq", "type": "long"})
-    spec["sink"]["clickhouse"]["table"] = name.replace("-", "_")
-    spec["sink"]["clickhouse"]["batching"] = {"maxRows": max_rows, "maxDelay": "1s"}
-    spec["deadLetter"]["topic"] = f"{topic}-dlq"
-    return write_pipeline(doc, tmp, f"{name}.yaml")
+    return sms_dedup_pipeline(tmp, name, topic, max_offsets=max_offsets, max_rows=max_rows, seq_field=True)
 
 
 def env_for(code: Path) -> dict[str, str]:

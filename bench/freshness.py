@@ -31,22 +31,14 @@ from workload import Workload, produce_at_rate
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import load_example, start_continuous, write_pipeline
+from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
 
 POLL_S = 0.1
 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str) -> Path:
-    doc = load_example("sms-dedup.yaml")
-    doc["metadata"]["name"] = table.replace("_", "-")
-    spec = doc["spec"]
-    source = spec["sources"][0]
-    source["kafka"]["topic"] = topic
-    source["schema"]["fields"].append({"name": "seq", "type": "long"})
-    spec["sink"]["clickhouse"]["table"] = table
-    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 100_000, "maxDelay": trigger}
-    spec["deadLetter"]["topic"] = f"{topic}-dlq"
-    return write_pipeline(doc, tmp, f"{table}.yaml")
+    return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=100_000, max_delay=trigger,
+                              seq_field=True)
 
 
 class Poller(threading.Thread):

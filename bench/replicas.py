@@ -26,7 +26,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce, start_continuous, write_pipeline
+from glasspipe_dev.pipelines import (
+    dumps,
+    group_lag,
+    produce,
+    sms_dedup_pipeline,
+    start_continuous,
+)
 
 T0 = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
 
@@ -48,15 +54,7 @@ def events(n: int, dup_share: float, seed: int) -> list[tuple[bytes, bytes]]:
 
 
 def pipeline(tmp: Path, kafka: KafkaServer, topic: str, name: str) -> Path:
-    doc = load_example("sms-dedup.yaml")
-    doc["metadata"]["name"] = name
-    spec = doc["spec"]
-    spec["sources"][0]["kafka"]["topic"] = topic
-    spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = 50_000
-    spec["sink"]["clickhouse"]["table"] = name.replace("-", "_")
-    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 100_000, "maxDelay": "1s"}
-    spec["deadLetter"]["topic"] = f"{topic}-dlq"
-    return write_pipeline(doc, tmp, f"{name}.yaml")
+    return sms_dedup_pipeline(tmp, name, topic, max_offsets=50_000, max_rows=100_000)
 
 
 def lag(kafka: KafkaServer, name: str, topic: str) -> int:

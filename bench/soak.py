@@ -49,7 +49,7 @@ from workload import Workload
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import group_lag, load_example, start_continuous, write_pipeline
+from glasspipe_dev.pipelines import group_lag, sms_dedup_pipeline, start_continuous
 from glasspipe_dev.process import ServerProcess
 
 PARTITIONS = 6
@@ -193,15 +193,7 @@ def outage(server: KafkaServer | ClickHouseServer, seconds: float, what: str, fa
 
 
 def pipeline(tmp: Path, topic: str, name: str) -> Path:
-    doc = load_example("sms-dedup.yaml")
-    doc["metadata"]["name"] = name
-    spec = doc["spec"]
-    spec["sources"][0]["kafka"]["topic"] = topic
-    spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = 20_000
-    spec["sink"]["clickhouse"]["table"] = name.replace("-", "_")
-    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 5_000, "maxDelay": "1s"}
-    spec["deadLetter"]["topic"] = f"{topic}-dlq"
-    return write_pipeline(doc, tmp, f"{name}.yaml")
+    return sms_dedup_pipeline(tmp, name, topic, max_offsets=20_000, max_rows=5_000)
 
 
 def lag(kafka: KafkaServer, group: str, topic: str) -> int | None:

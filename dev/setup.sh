@@ -13,9 +13,9 @@ if [ "${GLASSPIPE_SKIP_KUBE:-0}" != "1" ]; then
   gp_timed bash dev/install/kube.sh
   # After kube.sh: the node commands reuse its Go build cache (cold ~9.5 min at load ~10).
   gp_timed bash dev/install/kube-node.sh        # kubelet & co., containerd/runc/CNI, pause image
-  gp_timed bash dev/install/spark-operator.sh   # the real spark-operator + its CRDs (cold ~7 min)
+  gp_timed bash dev/install/spark-operator.sh   # the real spark-operator controller (cold ~7 min)
   gp_timed bash dev/install/monitoring-crds.sh
-  gp_timed bash dev/install/spark-operator-crd.sh
+  gp_timed bash dev/install/spark-operator-crd.sh   # its CRDs, for the tests and the controller
 fi
 [ "${GLASSPIPE_SKIP_IMAGES:-0}" = "1" ] || gp_timed bash dev/install/images.sh  # podman: operator + Spark images
 gp_log "set-up done in $(( $(date +%s) - start )) s"

@@ -41,7 +41,7 @@ def spark_operator(kube: KubeAPIServer, glasspipe_operator: Operator, jvm_ops_ja
     """The spark-operator stand-in (once the CRDs exist): runs the e2e namespace's SparkApplications as
     local Spark jobs."""
     standin = StandInProcess(kube.kubeconfig, tmp_path_factory.mktemp("standin"), "--running-after=3",
-                             "--kill-grace=10", "-n", e2e_namespace)
+                             "--kill-grace=10", "--submit-seconds=3", "-n", e2e_namespace)
     standin.start()
     try:
         yield standin

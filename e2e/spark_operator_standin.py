@@ -13,13 +13,21 @@ It writes ``status`` through the status subresource with spark-operator's state 
     (new) -> SUBMITTED -> RUNNING                        the process started / has lived ``running_after`` s
     RUNNING -> FAILING -> PENDING_RERUN -> SUBMITTED     exit != 0, restartPolicy Always, or OnFailure with
                                                          executionAttempts <= onFailureRetries; the rerun is
-                                                         due onFailureRetryInterval * executionAttempts s later
+                                                         due onFailureRetryInterval * executionAttempts s after
+                                                         the last submission (so at once after a long run)
     RUNNING -> FAILED                                    exit != 0 and no retry (Never, retries used up)
-    RUNNING -> SUCCEEDING -> PENDING_RERUN -> SUBMITTED  exit 0 with restartPolicy Always
+    RUNNING -> SUCCEEDING -> PENDING_RERUN -> SUBMITTED  exit 0 with restartPolicy Always (at once)
     RUNNING -> COMPLETED                                 exit 0 otherwise
     spec changed -> INVALIDATING -> PENDING_RERUN -> SUBMITTED   (the old process is killed first)
 
-``errorMessage`` carries the exit code/signal and the tail of the driver's log.
+as spark-operator v2.5.2 does (internal/controller/sparkapplication/controller.go, pkg/util). A submission
+(new, or PENDING_RERUN) takes ``submit_seconds`` before the state moves on, as spark-submit does for the
+real one (it holds the state it had until spark-submit returns). ``errorMessage`` carries the exit
+code/signal and the tail of the driver's log; PENDING_RERUN clears it, as the real one does.
+
+``kubectl delete pod`` of a running driver: the stand-in plays the kubelet (SIGTERM to the process group,
+SIGKILL after the pod's grace period, the pod object removed once the process has exited) and then
+spark-operator (the exit code decides FAILING or SUCCEEDING, and with restartPolicy Always a rerun).
 
 Driver pods, as spark-operator and the kubelet make them: each submission creates a Pod object
 ``<app>-driver`` (spark-operator's labels plus ``spec.driver.labels``, owned by the application, bound to
@@ -118,7 +126,11 @@ class Driver:
     proc: ServerProcess | None = None
     started: float = 0.0
     retry_at: float | None = None
+    submit_at: float | None = None  # a submission under way (spark-submit): SUBMITTED then
+    submitted_at: float = 0.0  # lastSubmissionAttemptTime (monotonic): retry intervals count from it
     kill_at: float | None = None  # terminating: SIGKILL if the driver still runs then
+    pod_deleted: bool = False  # its driver pod was deleted (kubectl delete pod) while it ran
+    metrics_port: int = 0  # where this attempt's job serves its metrics (declared on the pod, podIP 127.0.0.1)
 
     @property
     def key(self) -> str:
@@ -130,11 +142,12 @@ class SparkOperatorStandIn:
 
     def __init__(self, api: client.ApiClient, work_dir: Path, *, running_after: float = 3.0,
                  kill_grace: float = 10.0, driver_memory: str = "1g", namespaces: list[str] | None = None,
-                 python: str = sys.executable, job_script: Path | None = None) -> None:
+                 python: str = sys.executable, job_script: Path | None = None, submit_seconds: float = 0.0) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.work_dir = work_dir
         self.running_after = running_after
+        self.submit_seconds = submit_seconds
         self.kill_grace = kill_grace
         self.driver_memory = driver_memory
         self.namespaces = set(namespaces or [])
@@ -219,7 +232,8 @@ class SparkOperatorStandIn:
             if prior in FINISHED:  # finished before this stand-in started: leave it be
                 d.state = prior
                 return
-            self._submit(d, obj)
+            d.submit_at = time.monotonic() + self.submit_seconds
+            self._tick(d, obj)
             return
         if h != d.spec_hash:
             log.info("%s: spec changed: invalidating and resubmitting", d.key)
@@ -227,7 +241,8 @@ class SparkOperatorStandIn:
             self._stop_driver(d, "its spec changed")
             d.spec_hash, d.attempts, d.retry_at = h, 0, None
             self._write(d, PENDING_RERUN)
-            self._submit(d, obj)
+            d.submit_at = time.monotonic() + self.submit_seconds
+            self._tick(d, obj)
             return
         self._tick(d, obj)
 
@@ -238,14 +253,46 @@ class SparkOperatorStandIn:
             assert d.proc.proc is not None
             rc = d.proc.proc.poll()
             if rc is None:
-                if d.state == SUBMITTED and now - d.started >= self.running_after:
+                self._watch_pod(d)
+                if d.state == SUBMITTED and now - d.started >= self.running_after and not d.pod_deleted:
                     self._write(d, RUNNING)
                 return
             self._exited(d, obj, rc)
             return
         if d.state in (FAILING, SUCCEEDING, SUBMISSION_FAILED) and d.retry_at is not None and now >= d.retry_at:
-            self._write(d, PENDING_RERUN)
+            d.retry_at = None
+            self._write(d, PENDING_RERUN)  # clears errorMessage, as resetSparkApplicationStatus does
+            d.submit_at = now + self.submit_seconds
+        if d.submit_at is not None and now >= d.submit_at:
+            d.submit_at = None
             self._submit(d, obj)
+
+    def _watch_pod(self, d: Driver) -> None:
+        """The kubelet's part of ``kubectl delete pod``: SIGTERM to the driver when its pod is deleted,
+        SIGKILL after the pod's grace period."""
+        assert d.proc is not None and d.proc.proc is not None
+        if not d.pod_deleted:
+            try:
+                pod = self.core.read_namespaced_pod(self._pod_name(d), d.namespace)
+                deleted = pod.metadata is not None and pod.metadata.deletion_timestamp is not None
+                grace = float((pod.metadata.deletion_grace_period_seconds if pod.metadata else None)
+                              or self.kill_grace)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                deleted, grace = True, 0.0
+            if not deleted:
+                return
+            d.pod_deleted = True
+            d.kill_at = time.monotonic() + grace
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(d.proc.proc.pid, signal.SIGTERM)
+            log.info("%s: driver pod deleted: SIGTERM to driver pid %d (grace %.0f s)", d.key, d.proc.proc.pid, grace)
+        elif d.kill_at is not None and time.monotonic() >= d.kill_at:
+            log.warning("%s: driver pid %d outlived its pod's grace period: SIGKILL", d.key, d.proc.proc.pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(d.proc.proc.pid, signal.SIGKILL)
+            d.kill_at = None
 
     def _exited(self, d: Driver, obj: dict[str, Any], rc: int) -> None:
         assert d.proc is not None
@@ -253,6 +300,9 @@ class SparkOperatorStandIn:
         d.proc = None
         self._pid_file(d).unlink(missing_ok=True)
         self._set_pod_phase(d, "Succeeded" if rc == 0 else "Failed", self._terminated(d, obj, rc))
+        if d.pod_deleted:  # the kubelet removes a deleted pod once its containers have stopped
+            self._delete_pod(d, grace=0)
+            d.pod_deleted, d.kill_at = False, None
         policy = (obj.get("spec") or {}).get("restartPolicy") or {}
         kind = policy.get("type", "Never")
         extra = {"terminationTime": now_rfc3339()}
@@ -271,7 +321,7 @@ class SparkOperatorStandIn:
         retry = kind == "Always" or (kind == "OnFailure" and retries is not None and d.attempts <= int(retries))
         if retry:
             interval = float(policy.get("onFailureRetryInterval", 5))
-            d.retry_at = time.monotonic() + interval * max(d.attempts, 1)
+            d.retry_at = d.submitted_at + interval * max(d.attempts, 1)  # util.TimeUntilNextRetryDue
             self._write(d, FAILING, message, extra)
         else:
             self._write(d, FAILED, message, extra)
@@ -296,6 +346,7 @@ class SparkOperatorStandIn:
             self._write(d, SUBMISSION_FAILED, f"cannot build the driver's environment: {e}")
             return
         self._delete_pod(d, grace=0, only_own=True)  # the previous attempt's pod, as before a rerun
+        d.metrics_port = free_port()
         try:
             self._create_pod(d, obj)
         except ApiException as e:  # e.g. a namesake's driver pod still terminating
@@ -305,7 +356,7 @@ class SparkOperatorStandIn:
             return
         entry = [str(self.job_script)] if self.job_script else ["-m", JOB_MODULE]
         argv = [self.python, *entry, *[str(a) for a in spec.get("arguments") or []],
-                "--local", f"--metrics-port={free_port()}"]
+                "--local", f"--metrics-port={d.metrics_port}"]
         log_path = folder / f"{d.uid[:8]}-attempt-{d.attempts}.log"
         termination_log = folder / "termination-log"  # the container's /dev/termination-log
         termination_log.unlink(missing_ok=True)
@@ -313,8 +364,9 @@ class SparkOperatorStandIn:
         d.proc = ServerProcess(f"driver {d.key}", argv, log_path, env=env, cwd=folder).start()
         assert d.proc.proc is not None
         self._pid_file(d).write_text(f"{d.proc.proc.pid}\n")
-        d.started = time.monotonic()
-        self._set_pod_phase(d, "Running")
+        d.started = d.submitted_at = time.monotonic()
+        # The kubelet's part: the pod runs here, so the operator reads the job's metrics at 127.0.0.1.
+        self._set_pod_phase(d, "Running", {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
         log.info("%s: submitted attempt %d, pid %d, log %s", d.key, d.attempts, d.proc.proc.pid, log_path)
         self._write(d, SUBMITTED, extra={
             "submissionAttempts": d.attempts,
@@ -443,8 +495,12 @@ class SparkOperatorStandIn:
         return f"{d.name}-driver"
 
     def _create_pod(self, d: Driver, obj: dict[str, Any]) -> None:
-        """The driver pod as spark-operator submits it: its labels, owned by the application."""
+        """The driver pod as spark-operator submits it: its labels, owned by the application, and the rendered
+        template's container ports (the job's metrics port, here at this attempt's local port)."""
         spec = obj.get("spec") or {}
+        template = (((spec.get("driver") or {}).get("template") or {}).get("spec") or {}).get("containers") or [{}]
+        ports = [{**p, "containerPort": d.metrics_port} if p.get("name") == contract.JOB_METRICS_PORT_NAME else p
+                 for p in template[0].get("ports") or []]
         labels = {**((spec.get("driver") or {}).get("labels") or {}), "spark-role": "driver",
                   "sparkoperator.k8s.io/app-name": d.name, "sparkoperator.k8s.io/launched-by-spark-operator": "true"}
         pod: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod",
@@ -453,7 +509,8 @@ class SparkOperatorStandIn:
                                               "name": d.name, "uid": d.uid, "controller": True}]},
             "spec": {"nodeName": NODE_NAME, "restartPolicy": "Never",
                      "terminationGracePeriodSeconds": int(self.kill_grace),
-                     "containers": [{"name": "spark-kubernetes-driver", "image": spec.get("image") or "spark"}]}}
+                     "containers": [{"name": "spark-kubernetes-driver", "image": spec.get("image") or "spark",
+                                     **({"ports": ports} if ports else {})}]}}
         self.core.create_namespaced_pod(d.namespace, pod)  # type: ignore[arg-type]  # dicts are accepted
 
     def _terminated(self, d: Driver, obj: dict[str, Any], rc: int) -> dict[str, Any]:
@@ -538,6 +595,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--running-after", type=float, default=3.0,
                    help="seconds a driver must live before it is reported RUNNING")
     p.add_argument("--kill-grace", type=float, default=10.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--submit-seconds", type=float, default=0.0,
+                   help="how long a submission takes (spark-submit's time: the state stays until then)")
     p.add_argument("--driver-memory", default="1g", help="spark.driver.memory of each local driver")
     p.add_argument("--job-script", type=Path,
                    help=f"run this Python file instead of `-m {JOB_MODULE}` (the stand-in's own tests)")
@@ -555,7 +614,8 @@ def main(argv: list[str] | None = None) -> int:
     args.work_dir.mkdir(parents=True, exist_ok=True)
     standin = SparkOperatorStandIn(client.ApiClient(), args.work_dir.resolve(), running_after=args.running_after,
                                    kill_grace=args.kill_grace, driver_memory=args.driver_memory,
-                                   namespaces=args.namespace, job_script=args.job_script)
+                                   namespaces=args.namespace, job_script=args.job_script,
+                                   submit_seconds=args.submit_seconds)
 
     def on_signal(signum: int, _frame: Any) -> None:
         log.info("got %s", signal.Signals(signum).name)

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from glasspipe.render import metrics_port
 from glasspipe_dev.kube import KubeAPIServer
 from operator_harness import apply_crd, spark_crd, wait_for
 from spark_operator_standin import FINALIZER, StandInProcess
@@ -44,11 +45,11 @@ class Cluster:
     def __init__(self, kube: KubeAPIServer, ns: str, standin: StandInProcess) -> None:
         self.kube, self.ns, self.standin = kube, ns, standin
 
-    def create(self, name: str, policy: dict[str, Any], **config: Any) -> None:
+    def create(self, name: str, policy: dict[str, Any], driver: dict[str, Any] | None = None, **config: Any) -> None:
         app = {"apiVersion": "sparkoperator.k8s.io/v1beta2", "kind": "SparkApplication",
                "metadata": {"name": name, "namespace": self.ns},
                "spec": {"type": "Python", "sparkVersion": "4.2.0", "mainApplicationFile": "local:///job.py",
-                        "driver": {}, "executor": {}, "arguments": ["--config-json", json.dumps(config)],
+                        "driver": driver or {}, "executor": {}, "arguments": ["--config-json", json.dumps(config)],
                         "restartPolicy": policy}}
         self.kube.kubectl("apply", "-f", "-", input=json.dumps(app))
 
@@ -106,8 +107,32 @@ def test_failure_without_retry_is_failed_with_the_log_tail(cluster: Cluster) -> 
 def test_on_failure_retries_then_gives_up(cluster: Cluster) -> None:
     cluster.create("retry", {"type": "OnFailure", "onFailureRetries": 1, "onFailureRetryInterval": 1},
                    sleep=0.5, exit=1)
-    cluster.wait("retry", "FAILING", 1)
     cluster.wait("retry", "FAILED", 2)
+    # FAILING lasts only until the retry is due (1 s x 1 attempt after the submission): read it in the log.
+    log = cluster.standin.log_tail(200)
+    assert "retry: FAILING -> PENDING_RERUN" in log and "retry: PENDING_RERUN -> SUBMITTED" in log, log
+
+
+def test_a_deleted_driver_pod_is_rerun_at_once(cluster: Cluster) -> None:
+    """`kubectl delete pod` of a running driver, as the kubelet and spark-operator v2.5.2 handle it: SIGTERM,
+    the pod removed once the driver has exited, FAILING on its exit code and, the retry interval counting
+    from the last submission, PENDING_RERUN at once (errorMessage cleared), then one more attempt."""
+    cluster.create("victim", {"type": "Always", "onFailureRetryInterval": 1}, sleep=3600)
+    cluster.wait("victim", "RUNNING", 1)
+    time.sleep(1.5)  # longer than onFailureRetryInterval x 1 attempt
+    pid = cluster.standin.driver_pid(cluster.ns, "victim")
+    assert pid is not None
+    cluster.kube.kubectl("delete", "pod", "victim-driver", "-n", cluster.ns, "--wait=false")
+    _, _, error = cluster.wait("victim", "RUNNING", 2)
+    assert error == ""
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+    log = cluster.standin.log_tail(200)
+    assert "victim: driver pod deleted: SIGTERM" in log, log
+    assert "victim: RUNNING -> FAILING (driver process exited with code 143" in log, log
+    assert "victim: FAILING -> PENDING_RERUN" in log and "victim: PENDING_RERUN -> SUBMITTED" in log, log
+    pod = cluster.pod("victim-driver")
+    assert pod is not None and not pod["metadata"].get("deletionTimestamp")
 
 
 def test_always_restarts_a_completed_driver(cluster: Cluster) -> None:
@@ -172,3 +197,20 @@ def test_a_driver_that_ignores_sigterm_is_killed_after_the_grace_period(cluster:
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
     assert "stubborn: driver pid" in cluster.standin.log_tail(50) and "SIGKILL" in cluster.standin.log_tail(50)
+
+
+def test_the_driver_pod_declares_where_this_driver_serves_its_metrics(cluster: Cluster) -> None:
+    """As the kubelet would show it: the rendered metrics port on the container and a pod IP, so that the
+    operator's freshness observation reaches the local driver (http://127.0.0.1:<its --metrics-port>)."""
+    template = {"spec": {"containers": [{"name": "spark-kubernetes-driver", "ports": [metrics_port()]}]}}
+    cluster.create("ports", {"type": "Always"}, driver={"template": template}, sleep=3600)
+    cluster.wait("ports", "RUNNING", 1)
+    pod = cluster.pod("ports-driver") or {}
+    [port] = pod["spec"]["containers"][0]["ports"]
+    assert port["name"] == "metrics" and port["containerPort"] != 9108
+    assert pod["status"]["phase"] == "Running" and pod["status"]["podIP"] == "127.0.0.1"
+    pid = cluster.standin.driver_pid(cluster.ns, "ports")
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    assert f"--metrics-port={port['containerPort']}" in argv, argv
+    cluster.kube.kubectl("delete", SPARKAPPS, "ports", "-n", cluster.ns, "--wait=false")
+    wait_for(lambda: cluster.pod("ports-driver") is None, "its driver pod to be gone", 30, interval=0.2)

@@ -106,9 +106,12 @@ class Operator:
         out = json.loads(self.k("get", "sparkapplications.sparkoperator.k8s.io", "-n", ns, "-o", "json"))
         return {a["metadata"]["name"]: a for a in out["items"]}
 
-    def set_state(self, ns: str, app: str, state: str, error: str = "") -> None:
-        """What spark-operator does: write status.applicationState."""
-        patch = {"status": {"applicationState": {"state": state, "errorMessage": error}, "driverInfo": {}}}
+    def set_state(self, ns: str, app: str, state: str, error: str = "", attempts: int | None = None) -> None:
+        """What spark-operator does: write status.applicationState (and executionAttempts)."""
+        status: dict[str, Any] = {"applicationState": {"state": state, "errorMessage": error}, "driverInfo": {}}
+        if attempts is not None:
+            status["executionAttempts"] = attempts
+        patch = {"status": status}
         self.k("patch", "sparkapplications.sparkoperator.k8s.io", app, "-n", ns, "--subresource=status",
                "--type=merge", "-p", json.dumps(patch))
 
@@ -167,10 +170,11 @@ def chart_rbac(namespace: str) -> str:
 
 
 @contextmanager
-def running_operator(kube: KubeAPIServer, log: Path,
-                     command: Callable[[Path], list[str]] | None = None) -> Iterator[Operator]:
+def running_operator(kube: KubeAPIServer, log: Path, command: Callable[[Path], list[str]] | None = None,
+                     extra_args: Sequence[str] = ()) -> Iterator[Operator]:
     """CRDs applied, the operator running under the chart's RBAC; fails if it was ever forbidden anything.
-    ``command`` runs it some other way than the local ``glasspipe-operator`` (the operator image)."""
+    ``command`` runs it some other way than the local ``glasspipe-operator`` (the operator image);
+    ``extra_args`` are more of its options."""
     apply_crd(kube, GP_CRD, "glasspipelines.glasspipe.io")
     apply_crd(kube, spark_crd(), "sparkapplications.sparkoperator.k8s.io")
     system_ns = f"glasspipe-system-{uuid.uuid4().hex[:6]}"
@@ -178,7 +182,7 @@ def running_operator(kube: KubeAPIServer, log: Path,
     kube.kubectl("apply", "-f", "-", input=chart_rbac(system_ns))
     kubeconfig = kube.service_account_kubeconfig(system_ns, f"{RELEASE}-glasspipe", create=False)
     op = Operator(kube, kubeconfig, log, command)
-    op.start()
+    op.start(extra_args)
     try:
         yield op
     finally:

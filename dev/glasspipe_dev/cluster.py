@@ -19,6 +19,7 @@ Binaries: dev/install/kube.sh (etcd, kube-apiserver, kubectl) and dev/install/ku
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -28,19 +29,24 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
+from typing import IO
 
 import yaml
 
+from glasspipe_dev import node_images
 from glasspipe_dev.kube import KubeAPIServer
 from glasspipe_dev.paths import NotInstalledError, cache_dir
 from glasspipe_dev.process import ServerProcess, free_port
 
 NODE_INSTALL_HINT = "run dev/install/kube-node.sh"
 NODE_NAME = "glasspipe-node"
-POD_SUBNET = "10.244.0.0/24"
-CLUSTER_CIDR = "10.244.0.0/16"
-BRIDGE = "gpcni0"
+CLUSTER_CIDR = "10.244.0.0/16"  # every cluster's pod subnet lies in it (ClickHouse allows it, say)
+# Each cluster takes a /24 of CLUSTER_CIDR and a bridge of its own (several clusters may run on one
+# machine: two test sessions, say), held by a lock file for its lifetime. Index 0 (gpcni0, 10.244.0.0/24)
+# is left alone: older versions of this module used it for every cluster.
+POD_NETWORK_LOCKS = Path("/run/glasspipe-cni")
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 CNI_BIN_DIR = Path("/usr/lib/cni")
 # The values kubelet's protectKernelDefaults requires (pkg/kubelet/cm/container_manager_linux.go).
@@ -72,6 +78,40 @@ def host_ip() -> str:
         return str(s.getsockname()[0])
 
 
+class PodNetwork:
+    """This cluster's CNI bridge and pod subnet: the first index from 1 whose lock is free and whose
+    bridge and subnet the host does not have (a foreign cluster's, or a crashed one's, are skipped)."""
+
+    def __init__(self) -> None:
+        POD_NETWORK_LOCKS.mkdir(parents=True, exist_ok=True)
+        for index in range(1, 255):
+            lock = (POD_NETWORK_LOCKS / f"{index}.lock").open("w")
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                lock.close()
+                continue
+            bridge, subnet = f"gpcni{index}", f"10.244.{index}.0/24"
+            routed = subprocess.run(["ip", "route", "show", subnet], capture_output=True, text=True).stdout.strip()
+            if Path(f"/sys/class/net/{bridge}").exists() or routed:
+                lock.close()
+                continue
+            self.index, self.bridge, self.subnet = index, bridge, subnet
+            self.prefix = f"10.244.{index}."
+            self._lock: IO[str] | None = lock
+            return
+        raise RuntimeError(f"no free pod network: every 10.244.N.0/24 (N 1-254) is taken ({POD_NETWORK_LOCKS})")
+
+    def release(self) -> None:
+        """Remove the bridge (the CNI plugin made it in the host's network namespace) and free the index."""
+        if self._lock is None:
+            return
+        if Path(f"/sys/class/net/{self.bridge}").exists():
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
+        self._lock.close()
+        self._lock = None
+
+
 def pause_archive() -> Path:
     archives = sorted((cache_dir() / "images").glob("pause-*.oci.tar"))
     if not archives:
@@ -82,7 +122,8 @@ def pause_archive() -> Path:
 class Cluster:
     """API server (kube.py) + controller-manager + scheduler + containerd + kubelet, one node."""
 
-    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False) -> None:
+    def __init__(self, base_dir: Path | None = None, keep_dir: bool = False, images: Sequence[Path] = ()) -> None:
+        """``images``: image archives the node has before the kubelet starts (node_images caches them)."""
         self._own_dir = base_dir is None
         self.dir = Path(base_dir or tempfile.mkdtemp(prefix="glasspipe-cluster-"))
         self.keep_dir = keep_dir
@@ -91,6 +132,10 @@ class Cluster:
         bins = ["kube-controller-manager", "kube-scheduler", "kubelet", "containerd", "ctr", "runc"]
         self.bins = {b: node_bin(b) for b in bins}
         self.pause = pause_archive()
+        self.images = [Path(a).resolve() for a in images]
+        self.preloaded: dict[Path, list[str]] = {}  # archive -> its image names, in the node before start
+        self.images_seconds = 0.0
+        self.images_cached = False
         pki = self.dir / "api" / "pki"
         self.api = KubeAPIServer(
             base_dir=self.dir / "api",
@@ -105,6 +150,7 @@ class Cluster:
         )
         self.sock = self.dir / "containerd" / "containerd.sock"
         self.holder: subprocess.Popen[bytes] | None = None
+        self.net: PodNetwork | None = None
         self.procs: list[ServerProcess] = []
         self.startup_seconds = 0.0
 
@@ -122,8 +168,7 @@ class Cluster:
             self._start_namespace()
             self._start_controller_manager(timeout)
             self._start_scheduler(timeout)
-            self._start_containerd(timeout)
-            self.import_image(self.pause)
+            self._start_containerd_with_images(timeout)
             self._start_kubelet()
             self._wait_node_ready(timeout)
             self._wait_default_service_account(timeout)
@@ -232,6 +277,8 @@ class Cluster:
     # --- node ------------------------------------------------------------------------------------
 
     def _write_cni(self) -> Path:
+        if self.net is None:
+            self.net = PodNetwork()
         conf_dir = self.dir / "cni" / "net.d"
         conf_dir.mkdir(parents=True, exist_ok=True)
         conf = {
@@ -240,7 +287,7 @@ class Cluster:
             "plugins": [
                 {
                     "type": "bridge",
-                    "bridge": BRIDGE,
+                    "bridge": self.net.bridge,
                     "isGateway": True,
                     # No masquerading: pods talk to the node (the gateway) only, and no iptables
                     # rules are left behind on the host.
@@ -248,7 +295,7 @@ class Cluster:
                     "hairpinMode": True,
                     "ipam": {
                         "type": "host-local",
-                        "ranges": [[{"subnet": POD_SUBNET}]],
+                        "ranges": [[{"subnet": self.net.subnet}]],
                         "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(self.dir / "cni" / "ipam"),
                     },
@@ -299,6 +346,23 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         p = ServerProcess("containerd", argv, self.dir / "containerd.log").start()
         self.procs.append(p)
         p.wait_ready(lambda: self.ctr("version").returncode == 0, timeout, f"({self.sock})")
+
+    def _start_containerd_with_images(self, timeout: float) -> None:
+        """containerd with the pause image and ``self.images``: from node_images' cache, or imported and
+        then cached (containerd is stopped for the copy and started again)."""
+        t0 = time.monotonic()
+        archives = [self.pause, *self.images]
+        key = node_images.cache_key(self.bins["containerd"], archives)
+        names = node_images.restore(key, self.dir / "containerd" / "root")
+        self.images_cached = names is not None
+        self._start_containerd(timeout)
+        if names is None:
+            names = [self.import_image(a) for a in archives]
+            self.procs.pop().stop()
+            node_images.save(key, self.dir / "containerd" / "root", names)
+            self._start_containerd(timeout)
+        self.preloaded = {a: n for a, n in zip(archives, names, strict=True)}
+        self.images_seconds = time.monotonic() - t0
 
     def ctr(self, *args: str, check: bool = False, timeout: float = 600.0) -> subprocess.CompletedProcess[str]:
         argv = [str(self.bins["ctr"]), "--address", str(self.sock), *args]
@@ -462,6 +526,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.holder.wait(timeout=10)
         time.sleep(0.2)
         self._remove_cgroups()
+        if self.net is not None:
+            self.net.release()
         self.api.stop()
         if self._own_dir and not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)

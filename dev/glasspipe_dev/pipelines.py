@@ -31,6 +31,25 @@ def write_pipeline(doc: dict[str, Any], directory: Path, name: str = "pipeline.y
     return path
 
 
+def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int, max_delay: str = "1s",
+                       max_offsets: int | None = None, seq_field: bool = False) -> Path:
+    """examples/sms-dedup.yaml on ``topic`` into table ``name`` (dashes as underscores), dead letters to
+    ``<topic>-dlq``: the pipeline the benchmarks and soak run; ``seq_field`` adds a ``seq`` long column."""
+    doc = load_example("sms-dedup.yaml")
+    doc["metadata"]["name"] = name
+    spec = doc["spec"]
+    source = spec["sources"][0]
+    source["kafka"]["topic"] = topic
+    if max_offsets is not None:
+        source["kafka"]["maxOffsetsPerTrigger"] = max_offsets
+    if seq_field:
+        source["schema"]["fields"].append({"name": "seq", "type": "long"})
+    spec["sink"]["clickhouse"]["table"] = name.replace("-", "_")
+    spec["sink"]["clickhouse"]["batching"] = {"maxRows": max_rows, "maxDelay": max_delay}
+    spec["deadLetter"]["topic"] = f"{topic}-dlq"
+    return write_pipeline(doc, directory, f"{name}.yaml")
+
+
 def run_argv(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "glasspipe.cli", "run", str(pipeline), "--bootstrap-servers", bootstrap,
             "--clickhouse", clickhouse, "--checkpoint", str(checkpoint), *extra]

@@ -28,18 +28,21 @@ INSTALL_HINT = "run dev/install/spark-operator.sh"
 
 
 def crd_dir() -> Path:
-    found = sorted((cache_dir() / "kube").glob("spark-operator-v*/crds"))
+    found = sorted((cache_dir() / "kube").glob("spark-operator-crds-v*"))
     if not found:
-        raise NotInstalledError(f"spark-operator CRDs missing under {cache_dir() / 'kube'}: {INSTALL_HINT}")
+        raise NotInstalledError(f"spark-operator CRDs missing under {cache_dir() / 'kube'}: "
+                                "run dev/install/spark-operator-crd.sh")
     return found[-1]
 
 
 class SparkOperator:
     """spark-operator's controller watching ``namespaces`` of ``cluster``."""
 
-    def __init__(self, cluster: Cluster, namespaces: list[str]) -> None:
+    def __init__(self, cluster: Cluster, namespaces: list[str], env: dict[str, str] | None = None) -> None:
+        """``env``: extra environment of spark-operator (and so of its spark-submit)."""
         self.cluster = cluster
         self.namespaces = namespaces
+        self.extra_env = dict(env or {})
         try:
             self.bin = kube_bin("spark-operator")
         except NotInstalledError as e:
@@ -92,11 +95,13 @@ class SparkOperator:
             "SPARK_SUBMIT_OPTS": "-Xmx256m -XX:+UseSerialGC -XX:TieredStopAtLevel=1",
         }
         self.proc = ServerProcess("spark-operator", argv, self.cluster.dir / "spark-operator.log", env=env)
-        # spark-submit copies PYSPARK_PYTHON into the driver pod's environment: the tests' own interpreter
-        # (set by glasspipe_dev.spark for local sessions) does not exist in the image, so the driver would
-        # fail with "Cannot run program …/venv/bin/python". The image sets its own.
+        # spark-submit copies PYSPARK_PYTHON into the driver pod's environment unless the application sets
+        # spark.pyspark.python: the tests' own interpreter (set by glasspipe_dev.spark for local sessions)
+        # does not exist in the image ("Cannot run program …/venv/bin/python"). glasspipe's render sets it
+        # (render.py); a hand-written application would rely on this.
         for name in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
             self.proc.env.pop(name, None)
+        self.proc.env.update(self.extra_env)
         self.proc.start()
 
         def ready() -> bool:

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a real single-node cluster needs next to kube-apiserver (dev/install/kube.sh):
-#   kube-controller-manager, kube-scheduler, kubelet, kube-proxy
-#                   built from the same k8s.io/kubernetes wrapper module and Go caches as
-#                   kube-apiserver (dev/kube-apiserver-build), one `go build` for all of them
+#   kube-controller-manager, kube-scheduler, kubelet
+#                   built together with kube-apiserver in one `go build` (gp_build_kube_cmds in
+#                   dev/lib.sh, called by dev/install/kube.sh; a no-op here when they are cached)
 #   containerd, runc, CNI plugins, iptables, conntrack
 #                   Debian packages (apt-get; containerd's system service is not used: the cluster
 #                   starts its own containerd with its own root, state and socket)
@@ -12,9 +12,6 @@
 # another script (dev/install/images.sh) installing podman/runc through apt at the same time.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-BUILD_DIR="$GP_ROOT/dev/kube-apiserver-build"
-KUBE_VERSION="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$BUILD_DIR/go.mod")"
-NODE_CMDS=(kube-controller-manager kube-scheduler kubelet kube-proxy)
 PAUSE_VERSION="3.10-glasspipe"
 PAUSE_REF="registry.k8s.io/pause:3.10"
 PAUSE_DIR="$GLASSPIPE_CACHE/images"
@@ -47,34 +44,6 @@ install_debs() {
   fi
 }
 
-build_node_cmds() {
-  local c missing=()
-  for c in "${NODE_CMDS[@]}"; do
-    [ -x "$GP_BIN/$c-$KUBE_VERSION" ] || missing+=("$c")
-  done
-  if [ "${#missing[@]}" != 0 ]; then
-    command -v go >/dev/null || { gp_log "ERROR: the Go toolchain (go >= 1.26) is needed"; exit 1; }
-    gp_log "${missing[*]} $KUBE_VERSION: building from k8s.io/kubernetes (one go build, shared caches:" \
-      "GOMODCACHE=$GOMODCACHE GOCACHE=$GOCACHE; cold ~15-25 min on 2 cores)"
-    local ver="${KUBE_VERSION#v}" major minor ldflags="-s -w" pkg pkgs=() out
-    major="${ver%%.*}"
-    minor="${ver#*.}"
-    minor="${minor%%.*}"
-    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-      ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-      ldflags+=" -X $pkg.gitTreeState=clean"
-    done
-    for c in "${missing[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
-    out="$(mktemp -d "$GP_BIN/.node-build.XXXXXX")"
-    trap 'rm -rf "$out"' EXIT
-    (cd "$BUILD_DIR" && gp_timed nice -n 19 go build -trimpath -ldflags="$ldflags" -o "$out/" "${pkgs[@]}")
-    for c in "${missing[@]}"; do mv "$out/$c" "$GP_BIN/$c-$KUBE_VERSION"; done
-    rmdir "$out"
-  else
-    gp_log "${NODE_CMDS[*]} $KUBE_VERSION: cached"
-  fi
-  for c in "${NODE_CMDS[@]}"; do ln -sfn "$c-$KUBE_VERSION" "$GP_BIN/$c"; done
-}
 
 # A one-layer OCI image archive (oci-layout + index.json + blobs), the format `ctr images import`
 # reads, holding a static pause binary: PID 1 of every pod sandbox, it only waits for a signal.
@@ -150,7 +119,7 @@ main() {
   exec 9>"$GLASSPIPE_CACHE/.kube-node-install.lock"
   flock 9
   install_debs
-  build_node_cmds
+  gp_build_kube_cmds "${GP_KUBE_CMDS[@]}"   # normally already built by dev/install/kube.sh
   build_pause
   gp_log "kube node ready in $((SECONDS - start)) s: $("$GP_BIN/kubelet" --version)," \
     "containerd $(containerd --version | awk '{print $3}'), runc $(runc --version | awk 'NR==1 {print $3}')," \

@@ -1,15 +1,13 @@
 #!/usr/bin/env bash
 # Installs the local Kubernetes toolkit into $GLASSPIPE_CACHE/bin, all from package registries:
-#   kube-apiserver  built from the k8s.io/kubernetes Go module (wrapper module: dev/kube-apiserver-build)
+#   kube-apiserver, kube-controller-manager, kube-scheduler, kubelet
+#                   built in one go build from the k8s.io/kubernetes Go module (dev/kube-apiserver-build)
 #   helm            go install helm.sh/helm/v3/cmd/helm
 #   etcd, kubectl   Debian sid .debs, unpacked with dpkg-deb (never installed: no system service is
 #                   created or started and no system apt configuration is touched)
 # Idempotent: each piece is skipped when its versioned binary is already in the cache.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-BUILD_DIR="$GP_ROOT/dev/kube-apiserver-build"
-# The kube-apiserver version is the one the wrapper module requires (single source of truth).
-KUBE_VERSION="$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" {print $3}' "$BUILD_DIR/go.mod")"
 HELM_VERSION="${GP_HELM_VERSION:-v3.22.0}"
 # Versions we accept from Debian sid (it moves; we take its current package and check the series).
 ETCD_SERIES="3.5."
@@ -19,33 +17,9 @@ gp_go_env
 
 need_go() {
   if ! command -v go >/dev/null 2>&1; then
-    gp_log "ERROR: the Go toolchain (go >= 1.26) is needed to build kube-apiserver and helm"
+    gp_log "ERROR: the Go toolchain (go >= 1.26) is needed to build helm"
     exit 1
   fi
-}
-
-build_apiserver() {
-  local out="$GP_BIN/kube-apiserver-$KUBE_VERSION"
-  if [ -x "$out" ]; then
-    gp_log "kube-apiserver $KUBE_VERSION: cached ($out)"
-  else
-    need_go
-    gp_log "kube-apiserver $KUBE_VERSION: building from k8s.io/kubernetes via the Go module proxy" \
-      "(cold: ~10 min on 2 cores; GOMODCACHE=$GOMODCACHE GOCACHE=$GOCACHE)"
-    local ver="${KUBE_VERSION#v}" major minor ldflags="-s -w" pkg
-    major="${ver%%.*}"
-    minor="${ver#*.}"
-    minor="${minor%%.*}"
-    # The same version stamps hack/lib/version.sh sets, so /version reports the real release.
-    for pkg in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
-      ldflags+=" -X $pkg.gitVersion=$KUBE_VERSION -X $pkg.gitMajor=$major -X $pkg.gitMinor=$minor"
-      ldflags+=" -X $pkg.gitTreeState=clean"
-    done
-    (cd "$BUILD_DIR" && gp_timed go build -trimpath -ldflags="$ldflags" -o "$out.tmp" \
-      k8s.io/kubernetes/cmd/kube-apiserver)
-    mv "$out.tmp" "$out"
-  fi
-  ln -sfn "kube-apiserver-$KUBE_VERSION" "$GP_BIN/kube-apiserver"
 }
 
 build_helm() {
@@ -137,7 +111,8 @@ main() {
   flock 9
   sid_binary etcd-server "$ETCD_SERIES" etcd
   sid_binary kubectl "$KUBECTL_SERIES" kubectl
-  build_apiserver
+  # kube-apiserver and the node commands (dev/install/kube-node.sh) in one build (cold ~15-20 min on 2 cores).
+  gp_build_kube_cmds "${GP_KUBE_CMDS[@]}"
   build_helm
   gp_log "kube toolkit ready in $((SECONDS - start)) s:" \
     "$("$GP_BIN/kube-apiserver" --version)," \

@@ -6,19 +6,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 VERSION="${GP_PROMETHEUS_OPERATOR_VERSION:-v0.85.0}"
-OUT="$GLASSPIPE_CACHE/kube/prometheus-operator-crds-$VERSION"
-export GOMODCACHE="$GLASSPIPE_CACHE/go/mod" GOFLAGS="-modcacherw" GOTOOLCHAIN=local
-
-if [ -f "$OUT/monitoring.coreos.com_podmonitors.yaml" ]; then
-  gp_log "prometheus-operator CRDs $VERSION: cached ($OUT)"
-  exit 0
-fi
-command -v go >/dev/null 2>&1 || { gp_log "ERROR: the Go toolchain is needed (go mod download)"; exit 1; }
-dir="$(cd /tmp && go mod download -json "github.com/prometheus-operator/prometheus-operator@$VERSION" \
-  | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-[ -n "$dir" ] || { gp_log "ERROR: go mod download of prometheus-operator $VERSION failed"; exit 1; }
-mkdir -p "$OUT.tmp"
-cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" \
-   "$dir/example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml" "$OUT.tmp/"
-rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
-gp_log "prometheus-operator CRDs $VERSION: $OUT"
+gp_module_files "github.com/prometheus-operator/prometheus-operator@$VERSION" \
+  "$GLASSPIPE_CACHE/kube/prometheus-operator-crds-$VERSION" \
+  example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml \
+  example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml

@@ -1,22 +1,12 @@
 #!/usr/bin/env bash
-# Kubeflow spark-operator's own SparkApplication CRD (its structural schema prunes unknown fields, so a
-# render that it would not keep is caught), from the spark-operator Go module via the Go module proxy.
-# The tests apply this CRD instead of a hand-written one. Idempotent: skipped when cached.
+# Kubeflow spark-operator's own CRDs (SparkApplication, ScheduledSparkApplication, SparkConnect), from
+# the spark-operator Go module via the Go module proxy. The tests apply its SparkApplication CRD instead
+# of a hand-written one (its structural schema prunes unknown fields, so a render that spark-operator
+# would not keep is caught), and the real controller (dev/install/spark-operator.sh) will not start
+# without all three. Idempotent: skipped when cached.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
-VERSION="${GP_SPARK_OPERATOR_VERSION:-v2.5.2}"  # the newest v2 the module proxy serves here
-OUT="$GLASSPIPE_CACHE/kube/spark-operator-crds-$VERSION"
-export GOMODCACHE="$GLASSPIPE_CACHE/go/mod" GOFLAGS="-modcacherw" GOTOOLCHAIN=local
-
-if [ -f "$OUT/sparkoperator.k8s.io_sparkapplications.yaml" ]; then
-  gp_log "spark-operator CRDs $VERSION: cached ($OUT)"
-  exit 0
-fi
-command -v go >/dev/null 2>&1 || { gp_log "ERROR: the Go toolchain is needed (go mod download)"; exit 1; }
-dir="$(cd /tmp && go mod download -json "github.com/kubeflow/spark-operator/v2@$VERSION" \
-  | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-[ -n "$dir" ] || { gp_log "ERROR: go mod download of spark-operator $VERSION failed"; exit 1; }
-mkdir -p "$OUT.tmp"
-cp "$dir/config/crd/bases/sparkoperator.k8s.io_sparkapplications.yaml" "$OUT.tmp/"
-rm -rf "$OUT" && mv "$OUT.tmp" "$OUT"
-gp_log "spark-operator CRDs $VERSION: $OUT"
+SO_MODULE="github.com/kubeflow/spark-operator/v2"
+# The version the controller build pins (dev/spark-operator-build/go.mod), so CRDs and controller match.
+VERSION="$(awk -v m="$SO_MODULE" '$1 == "require" && $2 == m {print $3}' "$GP_ROOT/dev/spark-operator-build/go.mod")"
+gp_module_files "$SO_MODULE@$VERSION" "$GLASSPIPE_CACHE/kube/spark-operator-crds-$VERSION" 'config/crd/bases/*.yaml'

@@ -2,8 +2,8 @@
 # Builds the real Kubeflow spark-operator (controller + webhook in one `spark-operator` command) from
 # its published Go module github.com/kubeflow/spark-operator/v2 through a wrapper module
 # (dev/spark-operator-build: the operator's go.mod pins k8s.io modules with replace directives,
-# which `go install pkg@version` refuses). Its CRDs of the same version come from
-# dev/install/spark-operator-crd.sh; spark-submit comes from the pyspark in the venv (its jars
+# which `go install pkg@version` refuses). Its CRDs (all three: the controller
+# will not start without them) come from dev/install/spark-operator-crd.sh; spark-submit comes from the pyspark in the venv (its jars
 # include spark-kubernetes). Idempotent: skipped when the versioned binary is in the cache.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
@@ -27,15 +27,4 @@ else
 fi
 ln -sfn "spark-operator-$SO_VERSION" "$GP_BIN/spark-operator"
 
-# All of its CRDs of the same version (the controller watches SparkApplication,
-# ScheduledSparkApplication and SparkConnect, and will not start without them).
-CRD_DIR="$GLASSPIPE_CACHE/kube/spark-operator-$SO_VERSION/crds"
-if [ ! -f "$CRD_DIR/sparkoperator.k8s.io_sparkapplications.yaml" ]; then
-  mod_dir="$(cd /tmp && go mod download -json "$SO_MODULE@$SO_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
-  [ -n "$mod_dir" ] || { gp_log "ERROR: go mod download of $SO_MODULE@$SO_VERSION failed"; exit 1; }
-  rm -rf "$CRD_DIR.tmp" && mkdir -p "$CRD_DIR.tmp"
-  cp "$mod_dir"/config/crd/bases/*.yaml "$CRD_DIR.tmp/"
-  rm -rf "$CRD_DIR" && mv "$CRD_DIR.tmp" "$CRD_DIR"
-fi
-gp_log "spark-operator $SO_VERSION: $("$GP_BIN/spark-operator" version --short 2>/dev/null | head -1 || true)," \
-  "CRDs in $CRD_DIR"
+gp_log "spark-operator $SO_VERSION: $("$GP_BIN/spark-operator" version --short 2>/dev/null | head -1 || true)"

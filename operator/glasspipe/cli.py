@@ -11,6 +11,7 @@ import yaml
 
 from glasspipe.api.crd import render_crd_reference, render_crd_yaml
 from glasspipe.api.validation import SpecInvalid, validate_resource
+from glasspipe.contract import DEFAULT_SPARK_IMAGE
 from glasspipe.render import render_spark_applications
 
 
@@ -76,7 +77,7 @@ def cmd_render(args: argparse.Namespace) -> int:
             _report(args.file, e)
             return 1
         namespace, name, uid = _with_defaults(doc)
-        out.extend(render_spark_applications(args.namespace or namespace, name, uid, spec))
+        out.extend(render_spark_applications(args.namespace or namespace, name, uid, spec, args.spark_image))
     sys.stdout.write(yaml.dump_all(out, Dumper=_PlainDumper, sort_keys=False, width=120))
     return 0
 
@@ -104,6 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("render", help="print the SparkApplications the operator would create")
     p.add_argument("file")
     p.add_argument("--namespace", help="namespace to render into (default: metadata.namespace or 'default')")
+    p.add_argument("--spark-image", default=DEFAULT_SPARK_IMAGE,
+                   help="the operator's --spark-image: the image of pipelines that name none (default %(default)s)")
     p.set_defaults(func=cmd_render)
     p = sub.add_parser("crd", help="print the GlassPipeline CustomResourceDefinition")
     p.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")

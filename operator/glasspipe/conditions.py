@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from glasspipe.controller.spark_operator import FAILED_STATES, RUNNING, app_error_message, app_state
+from glasspipe.controller.spark_operator import (
+    FAILED_STATES,
+    RUNNING,
+    app_error_message,
+    app_state,
+    driver_lost,
+    execution_attempts,
+)
 
 READY, PROGRESSING, DEGRADED = "Ready", "Progressing", "Degraded"
 CONDITION_TYPES = (READY, PROGRESSING, DEGRADED)
@@ -24,6 +31,7 @@ REASON_RECONCILING = "Reconciling"
 REASON_INVALID_SPEC = "InvalidSpec"
 REASON_RECONCILE_ERROR = "ReconcileError"
 REASON_REPLICA_FAILED = "ReplicaFailed"
+REASON_REPLICA_RESTARTING = "ReplicaRestarting"
 REASON_ROLLING_OUT = "RollingOut"
 REASON_STARTING = "ReplicasStarting"
 REASON_ALL_RUNNING = "AllReplicasRunning"
@@ -129,6 +137,12 @@ class ObservedApp:
     current: bool = True  # its spec-hash matches the render of the current spec
     deleting: bool = False
     driver_message: str = ""  # what the failed driver left as its termination message
+    attempts: int = 0  # status.executionAttempts
+
+    @property
+    def restarting(self) -> bool:
+        """Its driver was lost and spark-operator is resubmitting it (spark_operator.driver_lost)."""
+        return driver_lost(self.state, self.attempts)
 
 
 def observe_app(obj: dict[str, Any], index: int, current: bool,
@@ -143,6 +157,7 @@ def observe_app(obj: dict[str, Any], index: int, current: bool,
         current=current,
         deleting=bool(obj["metadata"].get("deletionTimestamp")),
         driver_message=(driver_messages or {}).get(str(obj["metadata"].get("uid")), ""),
+        attempts=execution_attempts(obj),
     )
 
 
@@ -195,7 +210,24 @@ def _failure_message(apps: Sequence[ObservedApp]) -> str:
                 text += f" ({a.error_message})"
         elif a.error_message:
             text += f": {a.error_message}"
+        elif a.state == "COMPLETED":
+            text += ": its driver exited with code 0 and spark-operator will not rerun it (a stream never ends)"
         parts.append(text)
+    return "; ".join(parts)
+
+
+def _restart_message(apps: Sequence[ObservedApp]) -> str:
+    parts = []
+    for a in apps:
+        if a.state == "UNKNOWN":
+            parts.append(f"replica {a.name} is UNKNOWN: spark-operator cannot tell whether its driver pod runs "
+                         "(its node stopped reporting)")
+        elif a.state == "SUBMITTED":
+            parts.append(f"replica {a.name} lost its driver and was resubmitted (execution attempt {a.attempts}): "
+                         "waiting for the new driver pod to run")
+        else:
+            parts.append(f"replica {a.name} lost its driver (execution attempt {a.attempts} ended) and spark-operator "
+                         f"is resubmitting it ({a.state})")
     return "; ".join(parts)
 
 
@@ -218,6 +250,7 @@ def assess(
     existing = [a for a in apps if not a.deleting]
     ready = [a for a in apps if a.current and not a.deleting and a.state == RUNNING]
     failed = [a for a in apps if a.current and not a.deleting and a.state in FAILED_STATES]
+    restarting = [a for a in apps if a.current and not a.deleting and a.restarting]
     statuses = replica_statuses(apps)
 
     def result(ready_c: ConditionState, prog: ConditionState, deg: ConditionState) -> Assessment:
@@ -236,9 +269,13 @@ def assess(
     missing = desired - len(current)
     rolling = bool(stale) or missing != 0 or bool(stopping_pods)
 
-    # Degraded: a failing replica, or the operator could not do its job.
+    # Degraded: a failing replica, one whose driver was lost and is being resubmitted, or the operator could
+    # not do its job.
     if failed:
-        degraded = ConditionState(DEGRADED, "True", REASON_REPLICA_FAILED, _failure_message(failed))
+        degraded = ConditionState(DEGRADED, "True", REASON_REPLICA_FAILED,
+                                  "; ".join(m for m in (_failure_message(failed), _restart_message(restarting)) if m))
+    elif restarting:
+        degraded = ConditionState(DEGRADED, "True", REASON_REPLICA_RESTARTING, _restart_message(restarting))
     elif error is not None:
         degraded = ConditionState(DEGRADED, "True", REASON_RECONCILE_ERROR, error)
     else:
@@ -263,7 +300,7 @@ def assess(
         progressing = ConditionState(PROGRESSING, "False", REASON_STABLE, f"{len(ready)} of {desired} replicas running")
 
     # Ready: every wanted replica RUNNING the current spec, nothing else around.
-    if not rolling and not failed and len(ready) == desired:
+    if not rolling and not failed and not restarting and len(ready) == desired:
         if desired == 0:
             reason = REASON_SUSPENDED if suspended else REASON_SCALED_TO_ZERO
             msg = ("suspended: no Spark application runs; checkpoints and offsets are kept" if suspended
@@ -271,8 +308,8 @@ def assess(
             ready_c = ConditionState(READY, "True", reason, msg)
         else:
             ready_c = ConditionState(READY, "True", REASON_ALL_RUNNING, f"{desired} of {desired} replicas running")
-    elif failed:
-        ready_c = ConditionState(READY, "False", REASON_REPLICA_FAILED, degraded.message)
+    elif failed or restarting:
+        ready_c = ConditionState(READY, "False", degraded.reason, degraded.message)
     else:
         reason = REASON_ROLLING_OUT if rolling else REASON_STARTING
         ready_c = ConditionState(READY, "False", reason, f"{len(ready)} of {desired} replicas running; "

@@ -19,8 +19,14 @@ from typing import Any
 
 from glasspipe.api import models
 
+# The Spark image of a pipeline that does not name one (spec.spark.image): the operator's --spark-image,
+# chart value spark.image. Not a CRD default, so that the operator's setting reaches new pipelines.
+DEFAULT_SPARK_IMAGE = "glasspipe/spark:0.1.0"
+
 # The job's entry point inside the Spark image, and the argument that carries its config.
 JOB_MAIN = "local:///opt/glasspipe/sparkapp/glasspipe_job/main.py"
+# The Python of the Spark image (sparkapp/Dockerfile: $VIRTUAL_ENV/bin/python), which runs the job.
+IMAGE_PYTHON = "/opt/glasspipe/venv/bin/python"
 CONFIG_ARGUMENT = "--config-json"
 
 # ------------------------------------------------------------------------------ secrets as env vars
@@ -148,6 +154,20 @@ def secret_files(spec: models.GlassPipelineSpec) -> list[SecretFile]:
 # status (terminated.message) and the operator shows it in the pipeline's Degraded condition.
 TERMINATION_LOG = "/dev/termination-log"
 ENV_TERMINATION_LOG = "GLASSPIPE_TERMINATION_LOG"  # another file, outside a pod (the e2e stand-in)
+
+
+# ------------------------------------------------------------------------------ the job's metrics
+
+# The driver serves the job's Prometheus metrics on this port (``glasspipe_job.main --metrics-port``); the
+# render declares it on the driver container under this name, where the chart's PodMonitor and the
+# operator's freshness observation (glasspipe.freshness) find it.
+JOB_METRICS_PORT = 9108
+JOB_METRICS_PORT_NAME = "metrics"
+JOB_METRICS_PATH = "/metrics"
+# Series the operator reads back into the pipeline's status (the job defines them in glasspipe_job.metrics).
+METRIC_END_TO_END_LATENCY = "glasspipe_end_to_end_latency_seconds"
+METRIC_EVENT_TIME_LAG = "glasspipe_event_time_lag_seconds"
+METRIC_LAST_COMMITTED_EVENT_TIME = "glasspipe_last_committed_event_time_seconds"
 
 
 # ------------------------------------------------------------------------------ Spark and Kafka

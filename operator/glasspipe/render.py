@@ -24,7 +24,11 @@ REPLICA_LABEL = "glasspipe.io/replica"
 SPEC_HASH_ANNOTATION = "glasspipe.io/spec-hash"
 MANAGED_BY = "glasspipe-operator"
 # Spark settings only the Kubernetes deployment needs (the job's own come from glasspipe.contract).
+# The image's Python, spelled out: spark-submit otherwise copies its own environment's PYSPARK_PYTHON
+# (whatever the submitter, e.g. spark-operator's pod or a test session, has set) into the driver pod.
 _KUBERNETES_SPARK_CONF = {
+    "spark.pyspark.python": contract.IMAGE_PYTHON,
+    "spark.pyspark.driver.python": contract.IMAGE_PYTHON,
     "spark.sql.streaming.metricsEnabled": "true",
     "spark.kubernetes.driver.podTemplateContainerName": "spark-kubernetes-driver",
     "spark.kubernetes.executor.podTemplateContainerName": "spark-kubernetes-executor",
@@ -59,9 +63,20 @@ def _secret_volumes(spec: models.GlassPipelineSpec) -> tuple[list[dict[str, Any]
     return volumes, mounts
 
 
+def metrics_port() -> dict[str, Any]:
+    """The job's metrics port, declared on the driver container (by name, for the PodMonitor and the
+    operator's freshness observation). Declared in the pod template, not in ``driver.ports``: spark-operator
+    applies ``driver.ports`` only through its mutating webhook, which glasspipe does not need; Spark keeps
+    the template's ports and adds its own (driver-rpc-port, blockmanager, spark-ui)."""
+    return {"name": contract.JOB_METRICS_PORT_NAME, "containerPort": contract.JOB_METRICS_PORT, "protocol": "TCP"}
+
+
 def _pod_template(labels: dict[str, str], container: str, env: list[dict[str, Any]],
-                  volumes: list[dict[str, Any]], mounts: list[dict[str, Any]]) -> dict[str, Any]:
+                  volumes: list[dict[str, Any]], mounts: list[dict[str, Any]],
+                  ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {"name": container}
+    if ports:
+        c["ports"] = ports
     if env:
         c["env"] = env
     if mounts:
@@ -78,9 +93,11 @@ def spec_hash(obj: Any) -> str:
 
 
 def render_spark_application(
-    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec, replica: int
+    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec, replica: int,
+    default_image: str = contract.DEFAULT_SPARK_IMAGE,
 ) -> dict[str, Any]:
-    """The SparkApplication of one replica, owned by the GlassPipeline."""
+    """The SparkApplication of one replica, owned by the GlassPipeline; ``default_image`` is the Spark
+    image when the spec names none (the operator's --spark-image)."""
     name = application_name(pipeline, replica)
     labels = {
         "app.kubernetes.io/name": "glasspipe",
@@ -96,7 +113,7 @@ def render_spark_application(
         "type": "Python",
         "pythonVersion": "3",
         "mode": "cluster",
-        "image": spec.spark.image,
+        "image": spec.spark.image or default_image,
         "imagePullPolicy": spec.spark.image_pull_policy,
         "mainApplicationFile": contract.JOB_MAIN,
         "arguments": [contract.CONFIG_ARGUMENT, contract.job_config_json(config)],
@@ -113,7 +130,8 @@ def render_spark_application(
             "memory": spec.spark.driver.memory,
             "serviceAccount": spec.spark.service_account,
             "labels": dict(labels),
-            "template": _pod_template(dict(labels), "spark-kubernetes-driver", env, volumes, mounts),
+            "template": _pod_template(dict(labels), "spark-kubernetes-driver", env, volumes, mounts,
+                                      [metrics_port()]),
         },
         "executor": {
             "instances": spec.spark.executor.instances,
@@ -145,9 +163,10 @@ def render_spark_application(
 
 
 def render_spark_applications(
-    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec
+    namespace: str, pipeline: str, uid: str, spec: models.GlassPipelineSpec,
+    default_image: str = contract.DEFAULT_SPARK_IMAGE,
 ) -> list[dict[str, Any]]:
     """Every SparkApplication the pipeline should have now (none while suspended)."""
     if spec.suspend:
         return []
-    return [render_spark_application(namespace, pipeline, uid, spec, i) for i in range(spec.replicas)]
+    return [render_spark_application(namespace, pipeline, uid, spec, i, default_image) for i in range(spec.replicas)]

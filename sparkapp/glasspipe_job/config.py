@@ -86,6 +86,12 @@ class JobConfig:
     def trigger_interval_ms(self) -> int:
         return parse_duration_ms(self.spec.sink.clickhouse.batching.max_delay)
 
+    @property
+    def mutation_deadline(self) -> float:
+        """Seconds the sink waits for a DELETE it issued before the replica stops with MutationStuck
+        (``sink.clickhouse.mutationTimeout``; clickhouse/mutations.py)."""
+        return parse_duration_ms(self.spec.sink.clickhouse.mutation_timeout) / 1000
+
     def kafka_options(self, source: models.Source) -> dict[str, str]:
         """``kafka.*`` options of Spark's Kafka connector for a source: SASL credentials from the environment,
         TLS files from the Secret mounts. The client certificate and key go inline (Kafka's PEM key store

@@ -11,7 +11,7 @@ import threading
 from pyspark.sql import SparkSession
 
 from glasspipe.api.validation import SpecInvalid
-from glasspipe.contract import CONFIG_ARGUMENT
+from glasspipe.contract import CONFIG_ARGUMENT, JOB_METRICS_PORT
 from glasspipe_job.config import JobConfig, UnsupportedPipeline, load_job_config
 from glasspipe_job.connections import check_connections
 from glasspipe_job.failure import report, report_exception
@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="glasspipe-job")
     parser.add_argument(CONFIG_ARGUMENT, dest="config_json", required=True,
                         help="the job config the operator renders (glasspipe.contract)")
-    parser.add_argument("--metrics-port", type=int, default=9108)
+    parser.add_argument("--metrics-port", type=int, default=JOB_METRICS_PORT)
     parser.add_argument("--local", action="store_true",
                         help="local Spark with the cached connector + JVM ops jars (e2e/spark_operator_standin.py)")
     args = parser.parse_args(argv)

@@ -11,6 +11,7 @@ import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming import StreamingQueryListener
 
+from glasspipe import contract
 from glasspipe_job.freshness import BatchHistogram, ages_seconds
 
 log = logging.getLogger("glasspipe.job")
@@ -63,14 +64,14 @@ class JobMetrics:
             "glasspipe_dead_letters_by_reason", "Records sent to the dead-letter topic, by reason kind",
             [*names, "reason"], registry=self.registry)
         self.end_to_end_latency = BatchHistogram(
-            "glasspipe_end_to_end_latency_seconds",
+            contract.METRIC_END_TO_END_LATENCY,
             "Per row written: ClickHouse commit time minus the record's Kafka timestamp (its append time)",
             labels, self.registry)
         self.event_time_lag = BatchHistogram(
-            "glasspipe_event_time_lag_seconds",
+            contract.METRIC_EVENT_TIME_LAG,
             "Per row written: ClickHouse commit time minus the row's event time", labels, self.registry)
         self.last_committed_event_time = gauge(
-            "glasspipe_last_committed_event_time_seconds",
+            contract.METRIC_LAST_COMMITTED_EVENT_TIME,
             "Newest event time (Unix seconds) of the rows this replica has committed to ClickHouse")
         self._newest_event_s = 0.0
         self._labels = labels

@@ -22,6 +22,7 @@ from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters
 from glasspipe_job.clickhouse.connection import Connection
 from glasspipe_job.clickhouse.ledger import Fence, Ledger, LedgerRow, Superseded, next_generation
+from glasspipe_job.clickhouse.mutations import MutationStuck
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
@@ -81,7 +82,8 @@ def make_table(config: JobConfig) -> ClickHouseTable:
     user, password = config.clickhouse_credentials
     dedup_keys = next((list(s.deduplication.keys) for s in spec.sources if s.deduplication), None)
     connection = Connection(list(ch.hosts), ch.database, user=user, password=password, secure=ch.secure,
-                            ca_file=config.clickhouse_ca_file, insert_block_size=ch.batching.max_rows)
+                            ca_file=config.clickhouse_ca_file, insert_block_size=ch.batching.max_rows,
+                            mutation_deadline=config.mutation_deadline)
     return ClickHouseTable(connection, ch.table, config.columns, create_table=ch.create_table,
                            order_by=ch.order_by or dedup_keys)
 
@@ -198,13 +200,17 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
 
 
 def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
-    """query.awaitTermination; a query that failed because a newer writer took over raises Superseded with
-    the sink's words rather than Spark's wrapped traceback."""
+    """query.awaitTermination; a query that failed because a newer writer took over (Superseded) or a DELETE
+    passed sink.clickhouse.mutationTimeout (MutationStuck) raises with the sink's words rather than Spark's
+    wrapped traceback, so they become the termination message."""
     try:
         return bool(running.query.awaitTermination() if timeout is None else running.query.awaitTermination(timeout))
     except Exception as e:
-        if running.sink.superseded is not None:
-            raise Superseded(running.sink.superseded) from e
+        stuck = running.sink.table.stuck
+        if running.sink.superseded is not None:  # stepping down deletes our rows: that DELETE may be the stuck one
+            raise Superseded(running.sink.superseded + (f"; then {stuck}" if stuck else "")) from e
+        if stuck is not None:
+            raise MutationStuck(str(stuck)) from e
         raise
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
+from glasspipe import contract
 from glasspipe.api.validation import validate_spec
 from glasspipe.render import render_spark_applications
 from glasspipe_dev.kube import KubeAPIServer, kube_bin
@@ -102,6 +103,9 @@ def test_monitors_render_only_when_asked(kube: KubeAPIServer, helm: Helm) -> Non
     assert monitors["ServiceMonitor"]["spec"]["endpoints"][0]["port"] in {p["name"] for p in service["spec"]["ports"]}
     assert monitors["PodMonitor"]["spec"]["selector"]["matchLabels"]["app.kubernetes.io/managed-by"] == \
         "glasspipe-operator"
+    # The drivers are scraped on the port the render declares by name, not through spark-ui's address.
+    [endpoint] = monitors["PodMonitor"]["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == contract.JOB_METRICS_PORT_NAME and "relabelings" not in endpoint
     # The real CRDs validate every field (a misspelt or removed field is rejected: strict field validation).
     for crd in monitoring_crds():
         name = yaml.safe_load(crd.read_text())["metadata"]["name"]
@@ -115,6 +119,22 @@ def test_monitors_render_only_when_asked(kube: KubeAPIServer, helm: Helm) -> Non
         return True
 
     wait_for(dry_run, "the monitors to pass a strict server-side dry run", timeout=20)
+
+
+def test_dashboard_configmap_ships_the_freshness_panels(helm: Helm) -> None:
+    def dashboards(*extra: str) -> list[dict[str, Any]]:
+        rendered = docs(helm.run("template", "gp", str(CHART), *extra).stdout)
+        return [d for d in rendered if d["kind"] == "ConfigMap" and d["metadata"]["name"].endswith("-dashboard")]
+
+    [cm] = dashboards()
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"  # what Grafana's sidecar looks for
+    dashboard = json.loads(cm["data"]["glasspipe.json"])
+    exprs = {p["title"]: " ".join(t["expr"] for t in p.get("targets", [])) for p in dashboard["panels"]}
+    latency = exprs["End-to-end latency (Kafka append to ClickHouse commit)"]
+    assert "glasspipe_end_to_end_latency_seconds_bucket" in latency
+    assert "glasspipe_event_time_lag_seconds_bucket" in exprs["Event-time lag at commit"]
+    assert "glasspipe_last_committed_event_time_seconds" in exprs["Event-time staleness now, per replica"]
+    assert dashboards("--set", "grafana.dashboard.enabled=false") == []
 
 
 # --------------------------------------------------------------------------------------------- dry run
@@ -169,6 +189,9 @@ def test_install_creates_everything(kube: KubeAPIServer, helm: Helm, installed: 
     dep = get(kube, "deployment", f"{rel}-glasspipe", ns)
     container = dep["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "glasspipe/operator:0.1.0"
+    # Pipelines without spec.spark.image get the chart's Spark image, by default the one the code knows.
+    assert f"--spark-image={contract.DEFAULT_SPARK_IMAGE}" in container["args"]
+    assert "--freshness-interval=30" in container["args"]
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == f"{rel}-glasspipe"
     assert get(kube, "crd", CRD_NAME)["spec"]["names"]["shortNames"] == ["gp"]
     # Spark driver identity in the job namespace, with exactly the rights the driver uses.
@@ -191,6 +214,7 @@ def test_upgrade_then_operator_reconciles_under_installed_rbac(
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crds)
     helm.run("upgrade", rel, str(CHART), "--namespace", ns, "--reuse-values",
              "--set", f"watchNamespaces={{{jobs}}}", "--set", "reconcileInterval=2",
+             "--set", "spark.image.repository=registry.example/team/spark", "--set", "spark.image.tag=4.2-gp7",
              "--set", "spark.serviceAccount.annotations.example\\.com/checkpoints=s3-writer")
     status = json.loads(helm.run("status", rel, "-n", ns, "-o", "json").stdout)
     assert status["info"]["status"] == "deployed" and status["version"] == 2
@@ -203,7 +227,9 @@ def test_upgrade_then_operator_reconciles_under_installed_rbac(
     dep = get(kube, "deployment", f"{rel}-glasspipe", ns)
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert f"--namespace={jobs}" in args and "--reconcile-interval=2" in args
-    passed_on = [a for a in args if a.startswith(("--namespace=", "--peering="))]
+    image = "registry.example/team/spark:4.2-gp7"
+    assert f"--spark-image={image}" in args
+    passed_on = [a for a in args if a.startswith(("--namespace=", "--peering=", "--spark-image="))]
 
     kubeconfig = kube.service_account_kubeconfig(ns, f"{rel}-glasspipe", create=False)
     op = Operator(kube, kubeconfig, tmp_path / "operator.log")
@@ -214,8 +240,9 @@ def test_upgrade_then_operator_reconciles_under_installed_rbac(
         apps = op.wait_apps(jobs, ["sms-dedup-0"])
         obj = op.pipeline(jobs, "sms-dedup")
         spec, _ = validate_spec(obj["spec"])
-        want = render_spark_applications(jobs, "sms-dedup", obj["metadata"]["uid"], spec)[0]
-        assert apps["sms-dedup-0"]["spec"] == want["spec"]
+        assert "image" not in obj["spec"]["spark"]  # the example names none: the chart's value applies
+        want = render_spark_applications(jobs, "sms-dedup", obj["metadata"]["uid"], spec, image)[0]
+        assert apps["sms-dedup-0"]["spec"] == want["spec"] and want["spec"]["image"] == image
         assert apps["sms-dedup-0"]["metadata"]["annotations"] == want["metadata"]["annotations"]
         # The driver's ServiceAccount the render names is the one this chart created.
         assert want["spec"]["driver"]["serviceAccount"] == "spark-operator-spark"

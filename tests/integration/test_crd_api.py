@@ -53,6 +53,9 @@ def test_examples_are_accepted_and_defaulted(api: KubeAPIServer, path: Path) -> 
     given = doc["spec"]["sources"][0]["kafka"].get("security", {})
     assert spec["sources"][0]["kafka"]["security"] == {"protocol": "PLAINTEXT", **given}  # no tls: {} added
     assert spec["sink"]["clickhouse"]["batching"]["maxRows"] >= 1
+    assert spec["sink"]["clickhouse"]["mutationTimeout"] == "15m"
+    # No image default in the CRD: the operator's --spark-image applies to pipelines that name none.
+    assert "image" not in spec["spark"]
 
 
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
@@ -123,6 +126,12 @@ INVALID = [
     ("clickhouse-ca-without-secure", "sms-dedup.yaml",
      _set("spec.sink.clickhouse.caSecretRef", {"name": "ch-ca", "key": "ca.crt"}),
      "sink.clickhouse.caSecretRef is only used with secure: true"),
+    ("mutation-timeout-too-short", "sms-dedup.yaml", _set("spec.sink.clickhouse.mutationTimeout", "500ms"),
+     "sink.clickhouse.mutationTimeout must be at least 1s and at most 24h (default 15m)"),
+    ("mutation-timeout-too-long", "sms-dedup.yaml", _set("spec.sink.clickhouse.mutationTimeout", "2d"),
+     "sink.clickhouse.mutationTimeout must be at least 1s and at most 24h (default 15m)"),
+    ("mutation-timeout-not-a-duration", "sms-dedup.yaml", _set("spec.sink.clickhouse.mutationTimeout", "15 min"),
+     "spec.sink.clickhouse.mutationTimeout"),
     ("bad-secret-name", "sms-dedup.yaml",
      _set("spec.sink.clickhouse.passwordSecretRef", {"name": "CH_Creds", "key": "password"}),
      "spec.sink.clickhouse.passwordSecretRef.name"),
@@ -133,6 +142,7 @@ INVALID = [
     ("bad-clickhouse-type", "filter-mapping.yaml", _set("spec.sink.clickhouse.columns.0.type", "Strin"),
      "spec.sink.clickhouse.columns[0].type"),
     ("negative-replicas", "sms-dedup.yaml", _set("spec.replicas", -1), "spec.replicas"),
+    ("empty-spark-image", "sms-dedup.yaml", _set("spec.spark.image", ""), "spec.spark.image"),
     ("missing-checkpoint", "sms-dedup.yaml", _set("spec.checkpoint", _DELETE), "checkpoint"),
     ("duplicate-field-names", "sms-dedup.yaml",
      _set("spec.sources.0.schema.fields.1", {"name": "sms_id", "type": "long"}), "Duplicate value"),
@@ -195,4 +205,4 @@ def test_kubectl_scale_sets_spec_replicas(api: KubeAPIServer) -> None:
 
 def test_printer_columns(api: KubeAPIServer) -> None:
     out = api.kubectl("get", "gp", "-n", NS).stdout.splitlines()[0].split()
-    assert out[:6] == ["NAME", "READY", "REPLICAS", "RUNNING", "TOPICS", "AGE"]
+    assert out[:7] == ["NAME", "READY", "REPLICAS", "RUNNING", "LAG", "TOPICS", "AGE"]

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from fixtures_images import REPO, Image, podman
-from glasspipe.api import models
+from glasspipe import contract
 from glasspipe.api.validation import validate_resource
 from glasspipe.contract import JOB_MAIN
 from glasspipe.render import SPARK_VERSION, render_spark_applications
@@ -136,7 +136,7 @@ def test_spark_image_has_what_the_render_points_at(spark_image: Image, example: 
     app = render_example(example)
     spec = app["spec"]
     assert docker_ref(spec["image"]) == spark_image.ref  # the CRD's default image is this image
-    assert docker_ref(models.SparkSettings().image) == spark_image.ref
+    assert docker_ref(contract.DEFAULT_SPARK_IMAGE) == spark_image.ref
     paths = local_paths(app)  # the main file today; jars or py files if the render ever lists some
     assert spec["mainApplicationFile"] == JOB_MAIN and JOB_MAIN.removeprefix("local://") in paths, paths
     listing = spark_image.sh(

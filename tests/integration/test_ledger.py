@@ -52,6 +52,26 @@ def sink_with(server: ClickHouseServer, table: str, writer: str, max_rows: int,
                           create_table=True, client_factory=factory, max_backoff=0.2, **kw)
 
 
+def configured_sink(server: ClickHouseServer, table: str, writer: str, mutation_timeout: str) -> ClickHouseSink:
+    """The sink as a replica builds it from the pipeline YAML (``glasspipe run``, the operator's job config):
+    runner.make_table's connection, with spec.sink.clickhouse.mutationTimeout as its mutation deadline."""
+    from glasspipe_job.config import config_from_resource, load_job_config
+    from glasspipe_job.runner import make_table
+
+    doc = {"apiVersion": "glasspipe.io/v1alpha1", "kind": "GlassPipeline", "metadata": {"name": f"stuck-{table}"},
+           "spec": {"sources": [{"name": "s", "kafka": {"bootstrapServers": "unused:9092", "topic": "t"},
+                                 "schema": {"fields": [{"name": "id", "type": "long", "nullable": False},
+                                                       {"name": "key", "type": "string", "nullable": False},
+                                                       {"name": "ts", "type": "timestamp", "nullable": False},
+                                                       {"name": "v", "type": "double"}]}}],
+                    "sink": {"clickhouse": {"hosts": [f"{server.host}:{server.port}"], "table": table,
+                                            "mutationTimeout": mutation_timeout}},
+                    "deadLetter": {"topic": "dlq"}, "checkpoint": {"location": "file:///unused"}}}
+    config = load_job_config(config_from_resource(doc))
+    assert [(c.name, c.clickhouse_type) for c in config.columns] == [(c.name, c.clickhouse_type) for c in COLS]
+    return ClickHouseSink.on(make_table(config), writer, config.spec.sink.clickhouse.batching.max_rows)
+
+
 def take_over(server: ClickHouseServer, table: str, prefix: str, writer: str, owned: ho.Offsets) -> ClickHouseSink:
     """What runner.prepare_handover does for a new checkpoint: roll back abandoned batches, resume."""
     sink = sink_with(server, table, writer, 100).open()
@@ -119,8 +139,9 @@ def test_restart_with_another_max_rows_mid_batch_writes_each_row_once(
 
 
 def test_a_delete_behind_a_mutation_that_cannot_finish_stops_with_its_name(clickhouse: ClickHouseServer) -> None:
-    """A stuck mutation held the stream for ever with no word: now the wait ends at the mutation deadline
-    with an error naming the blocking mutation and what to do (both for stale chunks and for a roll-back)."""
+    """A stuck mutation held the stream for ever with no word: now the wait ends at the pipeline's
+    sink.clickhouse.mutationTimeout with an error naming the blocking mutation, what to do and the field to
+    raise (both for stale chunks and for a roll-back)."""
     table = new_table()
     writer = f"default.stuck-{table}.0of1-aaaa"
     sink_with(clickhouse, table, writer, 100).open().close()
@@ -132,8 +153,8 @@ def test_a_delete_behind_a_mutation_that_cannot_finish_stops_with_its_name(click
     c.execute(f"ALTER TABLE {table} DELETE WHERE throwIf(id >= 0) = 1")  # fails on every part, for ever
     try:
         for attempt in ("stale chunk", "roll-back"):
-            sink = sink_with(clickhouse, table, writer, 100)
-            sink.table.connection.mutation_deadline = 4.0
+            sink = configured_sink(clickhouse, table, writer, "4s")
+            assert sink.table.connection.mutation_deadline == 4.0
             outcome: list[BaseException | None] = []
 
             def run(sink: ClickHouseSink = sink, attempt: str = attempt,
@@ -159,6 +180,7 @@ def test_a_delete_behind_a_mutation_that_cannot_finish_stops_with_its_name(click
             msg = str(err)
             assert "has not finished after" in msg and "throwIf" in msg and "mutation_" in msg, msg
             assert "KILL MUTATION" in msg and table in msg and "restart this replica" in msg, msg
+            assert "(spec.sink.clickhouse.mutationTimeout is 4 s)" in msg and "raise spec.sink.clickhouse" in msg, msg
             assert 4 <= took < 40, took
         assert stats(clickhouse, table)[0] == 40  # nothing written while the delete could not run
     finally:

@@ -286,12 +286,22 @@ def test_spark_operator_states_drive_conditions(operator: Operator) -> None:
     assert status["replicaStatuses"][1]["state"] == "FAILING"
     assert "Kafka broker not reachable" in status["replicaStatuses"][1]["message"]
 
-    op.set_state(ns, "pay-1", "PENDING_RERUN")
+    # spark-operator reruns it (restartPolicy Always): still Degraded until the new driver runs.
+    op.set_state(ns, "pay-1", "PENDING_RERUN", attempts=1)
+    deg = op.wait_condition(ns, "pay", "Degraded", "True", "ReplicaRestarting")
+    assert "replica pay-1 lost its driver" in deg["message"], deg
+    op.wait_condition(ns, "pay", "Progressing", "True", "ReplicasStarting")
+    op.set_state(ns, "pay-1", "SUBMITTED", attempts=2)
+    deg = op.wait_condition(ns, "pay", "Degraded", "True", "ReplicaRestarting")
+    assert "resubmitted (execution attempt 2)" in deg["message"], deg
+    op.set_state(ns, "pay-1", "RUNNING", attempts=2)
+    op.wait_condition(ns, "pay", "Ready", "True")
     op.wait_condition(ns, "pay", "Degraded", "False")
+    # A first submission is only starting.
+    op.set_state(ns, "pay-1", "SUBMITTED", attempts=1)
     op.wait_condition(ns, "pay", "Progressing", "True", "ReplicasStarting")
-    op.set_state(ns, "pay-1", "SUBMITTED")
-    op.wait_condition(ns, "pay", "Progressing", "True", "ReplicasStarting")
-    op.set_state(ns, "pay-1", "RUNNING")
+    assert op.condition(ns, "pay", "Degraded")["status"] == "False"
+    op.set_state(ns, "pay-1", "RUNNING", attempts=1)
     op.wait_condition(ns, "pay", "Ready", "True")
 
     op.set_state(ns, "pay-0", "FAILED", "application failed after 3 attempts")

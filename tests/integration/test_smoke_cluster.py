@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from fixtures_cluster import import_project_image
-from glasspipe_dev.cluster import NODE_NAME, Cluster
+from glasspipe_dev.cluster import NODE_NAME, Cluster, PodNetwork
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def test_pod_runs_to_succeeded_with_logs(cluster: Cluster) -> None:
     assert final == "Succeeded", got["status"]
     assert got["spec"]["nodeName"] == NODE_NAME
     # A real pod IP from the CNI bridge, and the ServiceAccount token mounted by admission + kubelet.
-    assert got["status"]["podIP"].startswith("10.244.0."), got["status"]
+    assert cluster.net is not None and got["status"]["podIP"].startswith(cluster.net.prefix), got["status"]
     assert any(v.get("projected") for v in got["spec"]["volumes"]), got["spec"]["volumes"]
     logs = cluster.kubectl("logs", "hello", "-n", ns).stdout
     assert logs.strip() == "hello from hello"
@@ -97,3 +97,15 @@ def test_garbage_collector_deletes_children(cluster: Cluster) -> None:
 
     _wait("the garbage collector to delete the child", gone, timeout=60)
     print(f"\n[cluster] owner deleted -> child gone in {time.monotonic() - t0:.1f} s")
+
+
+def test_each_cluster_has_its_own_bridge_and_pod_subnet(cluster: Cluster) -> None:
+    """Two clusters on one machine (two sessions, say) must not share the CNI bridge or the pod subnet."""
+    other = PodNetwork()
+    try:
+        assert cluster.net is not None
+        assert (other.bridge, other.subnet) != (cluster.net.bridge, cluster.net.subnet)
+        assert other.subnet != cluster.net.subnet and other.bridge != cluster.net.bridge
+        assert other.subnet.startswith("10.244.") and other.bridge.startswith("gpcni")
+    finally:
+        other.release()

@@ -74,7 +74,8 @@ def test_dashboard_shows_what_an_operator_needs() -> None:
     for name in ("glasspipe_rows_written_total", "glasspipe_duplicates_dropped_total",
                  "glasspipe_dead_letters_by_reason_total", "glasspipe_consumer_lag", "glasspipe_state_rows",
                  "glasspipe_batch_duration_seconds_bucket", "glasspipe_pipeline_ready_replicas",
-                 "glasspipe_operator_reconciles_total"):
+                 "glasspipe_operator_reconciles_total", "glasspipe_end_to_end_latency_seconds_bucket",
+                 "glasspipe_event_time_lag_seconds_bucket", "glasspipe_last_committed_event_time_seconds"):
         assert name in used, name
     reasons = [q for q in queries(DASHBOARD) if "glasspipe_dead_letters_by_reason_total" in q]
     assert all("reason" in q.split("(")[1] for q in reasons), "dead letters must be split by reason"
@@ -136,3 +137,14 @@ def test_dead_letter_series_carry_the_reason_the_dashboard_groups_by() -> None:
                if s.name == "glasspipe_dead_letters_by_reason_total"}
     assert samples == {("malformed_json", 2.0), ("missing_key", 1.0)}
     assert job.totals.per_reason == {"malformed_json": 2, "missing_key": 1}
+
+
+def test_chart_s_default_spark_image_is_the_one_the_code_defaults_to() -> None:
+    """The chart passes spark.image to the operator (--spark-image); by default the same image as without it."""
+    from glasspipe.contract import DEFAULT_SPARK_IMAGE
+
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    image = VALUES["spark"]["image"]
+    assert f"{image['repository']}:{image['tag'] or app_version}" == DEFAULT_SPARK_IMAGE
+    deployment = (CHART / "templates" / "deployment.yaml").read_text()
+    assert "- --spark-image={{ .Values.spark.image.repository }}:" in deployment

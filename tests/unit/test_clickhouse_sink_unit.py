@@ -657,3 +657,33 @@ def test_mutation_deadline_and_message() -> None:
     assert isinstance(err, MutationStuck) and isinstance(err, SinkError)
     assert str(err).startswith("rolling back batch w/1/: the DELETE on `db`.`t` has not finished after 61 s")
     assert "mutation_id = 'mutation_2.txt'" in str(err) and "restart this replica" in str(err)
+    assert "has not finished after 61 s (spec.sink.clickhouse.mutationTimeout is 60 s)" in str(err)
+    assert "raise spec.sink.clickhouse.mutationTimeout" in str(err)
+
+
+def test_the_stuck_message_fits_a_termination_message_and_is_heard_by_the_table() -> None:
+    """Hundreds of queued mutations with long commands: the message keeps its fix within the kubelet's 4 KiB,
+    and the table keeps the error for the job (a foreachBatch error reaches the driver wrapped by Spark)."""
+    from glasspipe_job.clickhouse.connection import Connection
+    from glasspipe_job.clickhouse.mutations import MAX_DESCRIBED, Mutation, MutationStuck, describe
+    from glasspipe_job.clickhouse.table import ClickHouseTable
+    from glasspipe_job.failure import MAX_TERMINATION_MESSAGE
+
+    many = [Mutation(f"mutation_{i}.txt", "DELETE WHERE " + "x" * 1000, 2) for i in range(300)]
+    assert describe(many).endswith(f"; and {300 - MAX_DESCRIBED} more") and describe([]) == "none"
+    now = [0.0]
+    conn = Connection(["ch:9000"], "db", mutation_deadline=4.0, client_factory=lambda: None,  # type: ignore[arg-type,return-value]
+                      clock=lambda: now[0])
+    table = ClickHouseTable(conn, "t", [OutputColumn("id", "`id`", "Int64", "s.id")])
+    watch = table.mutation_watch("deleting partial/stale chunks of batch 3 of w")
+    watch.issued()
+    now[0] = 3.0
+    assert not isinstance(watch.pending(many), MutationStuck) and table.stuck is None
+    now[0] = 5.0
+    err = watch.pending(many)
+    assert isinstance(err, MutationStuck) and table.stuck is err
+    msg = str(err)
+    assert len(msg.encode()) < MAX_TERMINATION_MESSAGE, len(msg.encode())
+    assert "mutation_0.txt" in msg and "mutation_5.txt" not in msg and "and 295 more" in msg
+    assert "`db`.`t`" in msg and "(spec.sink.clickhouse.mutationTimeout is 4 s)" in msg
+    assert msg.endswith("Rows of the delete are visible to readers until it finishes")

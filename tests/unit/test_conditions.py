@@ -16,8 +16,9 @@ def by_type(conds: list[ConditionState]) -> dict[str, ConditionState]:
     return {x.type: x for x in conds}
 
 
-def app(i: int, state: str, msg: str = "", current: bool = True, deleting: bool = False) -> ObservedApp:
-    return ObservedApp(f"p-{i}", i, state, msg, current, deleting)
+def app(i: int, state: str, msg: str = "", current: bool = True, deleting: bool = False,
+        attempts: int = 1) -> ObservedApp:
+    return ObservedApp(f"p-{i}", i, state, msg, current, deleting, attempts=attempts)
 
 
 def test_transition_time_kept_unless_status_flips() -> None:
@@ -59,15 +60,17 @@ def test_all_running_is_ready() -> None:
                                   {"index": 1, "application": "p-1", "state": "RUNNING"}]
 
 
-@pytest.mark.parametrize("state", ["", "SUBMITTED", "PENDING_RERUN", "INVALIDATING"])
-def test_starting_states_are_progressing(state: str) -> None:
-    cs = by_type(assess(2, [app(0, "RUNNING"), app(1, state)]).conditions)
+@pytest.mark.parametrize(("state", "attempts"), [("", 0), ("SUBMITTED", 1), ("PENDING_RERUN", 0),
+                                                 ("INVALIDATING", 1)])
+def test_starting_states_are_progressing(state: str, attempts: int) -> None:
+    """A first submission, and a rerun after a spec change (spark-operator resets the attempts to 0)."""
+    cs = by_type(assess(2, [app(0, "RUNNING"), app(1, state, attempts=attempts)]).conditions)
     assert (cs["Progressing"].status, cs["Progressing"].reason) == ("True", "ReplicasStarting")
     assert (cs["Ready"].status, cs["Degraded"].status) == ("False", "False")
     assert "p-1" in cs["Progressing"].message
 
 
-@pytest.mark.parametrize("state", ["FAILED", "SUBMISSION_FAILED", "FAILING"])
+@pytest.mark.parametrize("state", ["FAILED", "SUBMISSION_FAILED", "FAILING", "COMPLETED"])
 def test_failed_states_are_degraded_with_replica_and_error(state: str) -> None:
     a = assess(2, [app(0, "RUNNING"), app(1, state, "driver OOMKilled")])
     cs = by_type(a.conditions)
@@ -76,6 +79,35 @@ def test_failed_states_are_degraded_with_replica_and_error(state: str) -> None:
     assert (cs["Ready"].status, cs["Ready"].reason) == ("False", "ReplicaFailed")
     assert a.ready_replicas == 1
     assert a.replica_statuses[1]["message"] == "driver OOMKilled"
+
+
+@pytest.mark.parametrize(("state", "attempts", "says"), [
+    ("SUCCEEDING", 1, "lost its driver (execution attempt 1 ended) and spark-operator is resubmitting it (SUCCEEDING)"),
+    ("PENDING_RERUN", 1, "lost its driver (execution attempt 1 ended) and spark-operator is resubmitting it"),
+    ("SUBMITTED", 2, "lost its driver and was resubmitted (execution attempt 2): waiting for the new driver pod"),
+    ("UNKNOWN", 1, "spark-operator cannot tell whether its driver pod runs"),
+])
+def test_a_lost_driver_being_resubmitted_is_degraded(state: str, attempts: int, says: str) -> None:
+    """spark-operator v2.5.2 after `kubectl delete pod` of a driver: RUNNING -> FAILING or SUCCEEDING ->
+    PENDING_RERUN (through spark-submit) -> SUBMITTED (attempt 2) -> RUNNING; the first two last
+    milliseconds, so the attempt count tells a rerun from a first start."""
+    a = assess(2, [app(0, "RUNNING"), app(1, state, attempts=attempts)])
+    cs = by_type(a.conditions)
+    assert (cs["Degraded"].status, cs["Degraded"].reason) == ("True", "ReplicaRestarting")
+    assert cs["Degraded"].message.startswith("replica p-1 ") and says in cs["Degraded"].message
+    assert (cs["Ready"].status, cs["Ready"].reason) == ("False", "ReplicaRestarting")
+    assert (cs["Progressing"].status, cs["Progressing"].reason) == ("True", "ReplicasStarting")
+    assert a.ready_replicas == 1
+    # Running again: Ready, not Degraded, whatever the attempt count.
+    cs = by_type(assess(2, [app(0, "RUNNING"), app(1, "RUNNING", attempts=attempts + 1)]).conditions)
+    assert (cs["Ready"].status, cs["Degraded"].status) == ("True", "False")
+
+
+def test_a_failed_and_a_restarting_replica_are_both_named() -> None:
+    cs = by_type(assess(2, [app(0, "FAILING", "exit 1"), app(1, "PENDING_RERUN", attempts=3)]).conditions)
+    assert (cs["Degraded"].reason, cs["Ready"].reason) == ("ReplicaFailed", "ReplicaFailed")
+    assert "replica p-0 is FAILING: exit 1" in cs["Degraded"].message and "replica p-1 lost its driver" in \
+        cs["Degraded"].message
 
 
 def test_missing_or_stale_apps_are_rolling_out() -> None:
@@ -115,6 +147,6 @@ def test_api_error_is_degraded() -> None:
 
 def test_observe_app_reads_spark_operator_status() -> None:
     obj = {"metadata": {"name": "p-0"},
-           "status": {"applicationState": {"state": "FAILING", "errorMessage": "exit 1"}}}
-    assert c.observe_app(obj, 0, True) == ObservedApp("p-0", 0, "FAILING", "exit 1", True, False)
+           "status": {"applicationState": {"state": "FAILING", "errorMessage": "exit 1"}, "executionAttempts": 3}}
+    assert c.observe_app(obj, 0, True) == ObservedApp("p-0", 0, "FAILING", "exit 1", True, False, attempts=3)
     assert c.observe_app({"metadata": {"name": "p-0"}}, 0, True).state == ""

@@ -153,6 +153,25 @@ def test_job_config_writer_and_reader_round_trip() -> None:
     assert (config.replica, config.replicas, config.checkpoint_dir.rsplit("/", 1)[1]) == (2, 3, "replica-2-of-3")
 
 
+def test_the_mutation_timeout_reaches_the_sink_s_connection() -> None:
+    """sink.clickhouse.mutationTimeout: spec -> render -> job config -> the table's connection deadline."""
+    from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE
+    from glasspipe_job.runner import make_table
+
+    doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
+    for value, seconds in ((None, DEFAULT_MUTATION_DEADLINE), ("90s", 90.0), ("2h", 7200.0), ("1500ms", 1.5)):
+        if value is not None:
+            doc["spec"]["sink"]["clickhouse"]["mutationTimeout"] = value
+        [app] = render_spark_applications("ns", "sms", "uid", validate_resource(doc)[0])
+        args = app["spec"]["arguments"]
+        raw = args[args.index(contract.CONFIG_ARGUMENT) + 1]
+        assert contract.read_job_config(raw).spec["sink"]["clickhouse"]["mutationTimeout"] == (value or "15m")
+        config = load_job_config(raw)
+        assert config.mutation_deadline == seconds
+        table = make_table(config)
+        assert table.connection.mutation_deadline == table.mutation_watch("x").deadline == seconds
+
+
 def test_the_job_config_json_is_byte_stable() -> None:
     spec, _ = validate_resource(tls_doc())
     one = contract.job_config_json(contract.write_job_config("ns", "p", spec, 0))

@@ -41,6 +41,19 @@ def test_render_is_byte_stable_and_changes_only_with_the_spec() -> None:
     assert changed != first
 
 
+def test_spark_image_is_the_spec_s_else_the_operator_s() -> None:
+    """spec.spark.image has no CRD default: the operator's --spark-image (chart value spark.image) applies."""
+    from glasspipe import contract
+
+    assert spec_of("sms-dedup.yaml").spark.image is None
+    [app] = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml", replicas=1))
+    assert app["spec"]["image"] == contract.DEFAULT_SPARK_IMAGE == "glasspipe/spark:0.1.0"
+    [app] = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml", replicas=1), "reg/spark:7")
+    assert app["spec"]["image"] == "reg/spark:7"
+    named = spec_of("sms-dedup.yaml", replicas=1, spark={"image": "mine/spark:1"})
+    assert render_spark_applications("ns", "p", "u", named, "reg/spark:7")[0]["spec"]["image"] == "mine/spark:1"
+
+
 def test_suspend_renders_nothing() -> None:
     assert render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml", suspend=True)) == []
 
@@ -53,8 +66,9 @@ def test_secrets_are_referenced_never_copied() -> None:
     assert env["GLASSPIPE_CLICKHOUSE_PASSWORD"] == {"name": "clickhouse-writer", "key": "password"}
     assert env["GLASSPIPE_KAFKA_SMS_PASSWORD"] == {"name": "sms-kafka-user", "key": "password"}
     assert {v["secret"]["secretName"] for v in driver["volumes"]} == {"kafka-ca", "clickhouse-ca"}
+    executor_container = {k: v for k, v in driver["containers"][0].items() if k != "ports"}  # metrics: driver only
     assert app["spec"]["executor"]["template"]["spec"] == driver | {
-        "containers": [{**driver["containers"][0], "name": "spark-kubernetes-executor"}]}
+        "containers": [{**executor_container, "name": "spark-kubernetes-executor"}]}
     # every env var that carries a Secret value is a reference, none has a literal value
     for container in (driver, app["spec"]["executor"]["template"]["spec"]):
         assert all("value" not in e for e in container["containers"][0]["env"])
@@ -92,3 +106,39 @@ def test_derived_micro_batch_bound_follows_the_driver_heap() -> None:
     assert derived_max_offsets_per_trigger(1 << 40) == 1_000_000  # ceiling
     assert records_per_partition(131_072) == 16_384
     assert records_per_partition(7) == 1
+
+
+def test_the_image_python_is_set_so_no_submitter_environment_reaches_the_driver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """spark-submit puts spark.pyspark.(driver.)python into the driver pod's PYSPARK_(DRIVER_)PYTHON, and
+    only falls back to its own environment's when they are unset: a submitter's interpreter path (which
+    once broke a run: 'Cannot run program .../venv/bin/python') must never be what a driver pod runs."""
+    monkeypatch.setenv("PYSPARK_PYTHON", "/root/.cache/glasspipe/venv/bin/python")
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", "/root/.cache/glasspipe/venv/bin/python")
+    [app] = render_spark_applications("ns", "p", "u", spec_of("sms-dedup.yaml"))
+    conf = app["spec"]["sparkConf"]
+    assert conf["spark.pyspark.python"] == conf["spark.pyspark.driver.python"] == "/opt/glasspipe/venv/bin/python"
+    assert "/root/" not in yaml.safe_dump(app)
+    # ... and it is the Python of the Spark image.
+    dockerfile = (ROOT / "sparkapp" / "Dockerfile").read_text()
+    assert "VIRTUAL_ENV=/opt/glasspipe/venv " in dockerfile
+    assert "PYSPARK_PYTHON=/opt/glasspipe/venv/bin/python " in dockerfile
+    # A custom image may keep its Python elsewhere: spec.spark.conf wins.
+    custom = spec_of("sms-dedup.yaml", spark={"image": "x:2", "conf": {"spark.pyspark.python": "/usr/bin/python3"}})
+    [app] = render_spark_applications("ns", "p", "u", custom)
+    assert app["spec"]["sparkConf"]["spark.pyspark.python"] == "/usr/bin/python3"
+
+
+def test_driver_declares_the_job_metrics_port_by_name() -> None:
+    """The PodMonitor and the operator's freshness observation find the job's metrics by this port name."""
+    from glasspipe import contract
+
+    for app in render_spark_applications("ns", "p", "u", spec_of("filter-mapping.yaml")):
+        [driver] = app["spec"]["driver"]["template"]["spec"]["containers"]
+        assert driver["name"] == "spark-kubernetes-driver"
+        assert driver["ports"] == [{"name": "metrics", "containerPort": 9108, "protocol": "TCP"}]
+        assert (contract.JOB_METRICS_PORT_NAME, contract.JOB_METRICS_PORT) == ("metrics", 9108)
+        # In the template, not driver.ports: that one needs spark-operator's mutating webhook.
+        assert "ports" not in app["spec"]["driver"]
+        [executor] = app["spec"]["executor"]["template"]["spec"]["containers"]
+        assert "ports" not in executor

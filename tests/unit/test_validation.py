@@ -125,7 +125,39 @@ def test_window_bounds() -> None:
     assert msg == "spec.sources[0].deduplication.window: must be greater than 0 and at most 30d, got 31d"
     doc["spec"]["sources"][0]["deduplication"]["window"] = "5 minutes"
     [msg] = problems_of(doc)
-    assert msg.startswith("spec.sources[0].deduplication.window: '5 minutes' does not match")
+    assert msg == ("spec.sources[0].deduplication.window: '5 minutes' is not a duration: write a whole number "
+                   "and a unit, e.g. 500ms, 30s, 5m, 1h, 7d")
+
+
+@pytest.mark.parametrize("value", ["0s", "30d"])
+def test_max_future_skew_bounds_hold_without_an_api_server(value: str) -> None:
+    """``glasspipe run`` and the job have no CRD to apply its CEL rule: the same bound is checked here."""
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["eventTime"]["maxFutureSkew"] = value
+    [msg] = problems_of(doc)
+    assert msg == f"spec.sources[0].eventTime.maxFutureSkew: must be greater than 0 and at most 7d, got {value}"
+
+
+@pytest.mark.parametrize("value", ["0s", "999ms", "25h", "2d"])
+def test_mutation_timeout_out_of_bounds_names_the_field_and_the_fix(value: str) -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sink"]["clickhouse"]["mutationTimeout"] = value
+    [msg] = problems_of(doc)
+    assert msg.startswith(f"spec.sink.clickhouse.mutationTimeout: must be at least 1s and at most 24h, got {value}: ")
+    assert "default 15m" in msg and "raise it" in msg
+
+
+def test_mutation_timeout_defaults_to_15m_and_takes_the_bounds() -> None:
+    doc = load("sms-dedup.yaml")
+    spec, _ = validate_resource(doc)
+    assert spec.sink.clickhouse.mutation_timeout == "15m"
+    for value in ("1s", "90s", "2h", "24h"):
+        doc["spec"]["sink"]["clickhouse"]["mutationTimeout"] = value
+        assert validate_resource(doc)[0].sink.clickhouse.mutation_timeout == value
+    doc["spec"]["sink"]["clickhouse"]["mutationTimeout"] = "15 minutes"
+    [msg] = problems_of(doc)
+    assert msg == ("spec.sink.clickhouse.mutationTimeout: '15 minutes' is not a duration: write a whole number "
+                   "and a unit, e.g. 500ms, 30s, 5m, 1h, 7d")
 
 
 def test_unknown_field_and_inline_password_are_rejected() -> None:

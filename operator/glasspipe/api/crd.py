@@ -165,6 +165,8 @@ def render_crd() -> dict[str, Any]:
                          "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
                         {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas"},
                         {"name": "Running", "type": "integer", "jsonPath": ".status.readyReplicas"},
+                        {"name": "Lag", "type": "number", "jsonPath": ".status.eventTimeLagSeconds",
+                         "description": "Seconds the slowest replica's committed rows are behind in event time"},
                         {"name": "Topics", "type": "string", "jsonPath": ".spec.sources[*].kafka.topic"},
                         {"name": "Table", "type": "string", "jsonPath": ".spec.sink.clickhouse.table",
                          "priority": 1},

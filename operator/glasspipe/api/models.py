@@ -368,11 +368,23 @@ class Batching(ApiModel):
     )
 
 
+# How long a DELETE the sink issued may wait for ClickHouse (sink.clickhouse.mutationTimeout): at least a
+# second (a poll and a backoff step; less would stop on every healthy delete), at most a day (a stuck
+# mutation has to reach someone; a day covers rewriting the largest parts).
+DEFAULT_MUTATION_TIMEOUT = "15m"
+MIN_MUTATION_TIMEOUT = "1s"
+MAX_MUTATION_TIMEOUT = "24h"
+
+
 class ClickHouseSink(ApiModel):
     model_config = ConfigDict(
         json_schema_extra=_rules(
             ("self.secure || !has(self.caSecretRef)",
              "sink.clickhouse.caSecretRef is only used with secure: true: set secure or remove caSecretRef"),
+            (f"{cel_duration_ms('self.mutationTimeout')} >= {cel_duration_ms(repr(MIN_MUTATION_TIMEOUT))} && "
+             f"{cel_duration_ms('self.mutationTimeout')} <= {cel_duration_ms(repr(MAX_MUTATION_TIMEOUT))}",
+             f"sink.clickhouse.mutationTimeout must be at least {MIN_MUTATION_TIMEOUT} and at most "
+             f"{MAX_MUTATION_TIMEOUT} (default {DEFAULT_MUTATION_TIMEOUT})"),
         )
     )
 
@@ -402,6 +414,14 @@ class ClickHouseSink(ApiModel):
         description="Output columns. Default: every declared field, with its default ClickHouse type.",
     )
     batching: Batching = Field(default_factory=lambda: Batching())
+    mutation_timeout: Duration = Field(
+        DEFAULT_MUTATION_TIMEOUT,
+        description="How long the sink waits for a DELETE it issued on the table (removing a crashed write's "
+        "partial chunks, rolling back an abandoned batch) before the replica stops with MutationStuck, naming "
+        "the table's unfinished mutations. ClickHouse runs a table's mutations in order, so one that cannot "
+        f"finish blocks ours. Between {MIN_MUTATION_TIMEOUT} and {MAX_MUTATION_TIMEOUT}; raise it when deletes "
+        "on big parts are only slow.",
+    )
 
 
 class Sink(ApiModel):
@@ -436,7 +456,10 @@ class ExecutorResources(Resources):
 
 
 class SparkSettings(ApiModel):
-    image: str = Field("glasspipe/spark:0.1.0", max_length=512, description="Image with Spark and the glasspipe job.")
+    image: str | None = Field(
+        None, min_length=1, max_length=512,
+        description="Image with Spark and the glasspipe job; default: the operator's --spark-image (chart value "
+                    "spark.image, glasspipe/spark:<chart appVersion>).")
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field("IfNotPresent")
     service_account: str = Field(
         "spark-operator-spark", max_length=253, description="ServiceAccount of the driver (spark-operator's chart)."
@@ -510,12 +533,30 @@ class Condition(ApiModel):
     observed_generation: int | None = Field(None, ge=0)
 
 
+class ReplicaFreshness(ApiModel):
+    """What the operator last read from the replica's driver metrics (every --freshness-interval seconds)."""
+
+    driver_pod: str = Field(description="The driver pod whose metrics were read.")
+    observed_at: str = Field(json_schema_extra={"format": "date-time"}, description="When they were read.")
+    last_committed_event_time: str | None = Field(
+        None, json_schema_extra={"format": "date-time"},
+        description="Newest event time among the rows this replica has committed to ClickHouse.")
+    event_time_lag_seconds: float | None = Field(
+        None, description="observedAt minus lastCommittedEventTime: how far behind in event time the replica's "
+                          "committed rows were.")
+    end_to_end_latency_p95_seconds: float | None = Field(
+        None, description="p95 of Kafka append time to ClickHouse commit of the rows committed since the "
+                          "previous observation (since the driver started at the first one); absent when none was.")
+    error: str | None = Field(None, description="Why the driver's metrics could not be read.")
+
+
 class ReplicaStatus(ApiModel):
     index: int = Field(ge=0)
     application: str
     state: str = Field("", description="spark-operator's applicationState.state.")
     partitions: str = Field("", description="Which partitions of which topics this replica reads.")
     message: str = ""
+    freshness: ReplicaFreshness | None = None
 
 
 class GlassPipelineStatus(ApiModel):
@@ -525,6 +566,8 @@ class GlassPipelineStatus(ApiModel):
     ready_replicas: int = 0
     selector: str = ""
     replica_statuses: list[ReplicaStatus] = Field(default_factory=list, json_schema_extra=_map_list("index"))
+    event_time_lag_seconds: float | None = Field(
+        None, description="The largest replicaStatuses[].freshness.eventTimeLagSeconds (kubectl get's LAG).")
 
 
 def parse_spec(spec: dict[str, Any]) -> GlassPipelineSpec:

@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from sqlglot import exp
 
 from glasspipe.api import models
-from glasspipe.api.durations import parse_duration_ms
+from glasspipe.api.durations import DURATION_PATTERN, parse_duration_ms
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,7 @@ class _Checker:
             self.check_source(f"spec.sources[{i}]", source)
             self.check_kafka_security(f"spec.sources[{i}].kafka.security", source.kafka.security)
         self.check_clickhouse_tls()
+        self.check_mutation_timeout()
         if self.spec.join is not None:
             self.check_join()
         elif len(self.spec.sources) != 1:
@@ -213,6 +214,7 @@ class _Checker:
                              f"time in format {et.format}; use " + (" or ".join(sorted(ok)) if ok else
                                                                    "a timestamp, string or long field"))
         self.check_window(f"{path}.eventTime.allowedLateness", et.allowed_lateness, "7d")
+        self.check_window(f"{path}.eventTime.maxFutureSkew", et.max_future_skew, "7d")
 
     def check_kafka_security(self, path: str, sec: models.KafkaSecurity) -> None:
         """The CRD's CEL rules on security, for ``glasspipe validate`` and the job (no API server there)."""
@@ -236,6 +238,19 @@ class _Checker:
         if sink.ca_secret_ref is not None and not sink.secure:
             self.add("spec.sink.clickhouse.caSecretRef", "is only used with secure: true: set secure or remove "
                      "caSecretRef")
+
+    def check_mutation_timeout(self) -> None:
+        path, value = "spec.sink.clickhouse.mutationTimeout", self.spec.sink.clickhouse.mutation_timeout
+        try:
+            ms = parse_duration_ms(value)
+        except ValueError as e:
+            self.add(path, str(e))
+            return
+        low, high = models.MIN_MUTATION_TIMEOUT, models.MAX_MUTATION_TIMEOUT
+        if not parse_duration_ms(low) <= ms <= parse_duration_ms(high):
+            self.add(path, f"must be at least {low} and at most {high}, got {value}: it is how long the sink waits "
+                     f"for a DELETE on the table before the replica stops (default {models.DEFAULT_MUTATION_TIMEOUT}; "
+                     "raise it when deletes on big parts are only slow)")
 
     def check_window(self, path: str, value: str, maximum: str) -> None:
         try:
@@ -392,6 +407,8 @@ def _pydantic_problems(err: ValidationError) -> list[Problem]:
             msg = "unknown field: remove it or check its spelling against docs/crd-reference.md"
         elif e["type"] == "missing":
             msg = "is required"
+        elif e["type"] == "string_pattern_mismatch" and e["ctx"]["pattern"] == DURATION_PATTERN:
+            msg = f"{e.get('input')!r} is not a duration: write a whole number and a unit, e.g. 500ms, 30s, 5m, 1h, 7d"
         elif e["type"] == "string_pattern_mismatch":
             msg = f"{e.get('input')!r} does not match {e['ctx']['pattern']}"
         problems.append(Problem(path, msg))

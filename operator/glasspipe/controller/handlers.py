@@ -16,14 +16,21 @@ import kopf
 from kubernetes import client, config
 
 from glasspipe.api import models
+from glasspipe.contract import DEFAULT_SPARK_IMAGE
 from glasspipe.controller import spark_operator
 from glasspipe.controller.reconcile import Reconciler
+from glasspipe.freshness import DEFAULT_INTERVAL as DEFAULT_FRESHNESS_INTERVAL
 from glasspipe.render import PIPELINE_LABEL
 
 FINALIZER = "glasspipe.io/finalizer"
 ANNOTATION_PREFIX = "glasspipe.io"
 # How often every pipeline is reconciled even when nothing was observed to change (level-triggered).
 RECONCILE_INTERVAL = float(os.environ.get("GLASSPIPE_RECONCILE_INTERVAL", "10"))
+# How often the drivers' metrics are read into status.replicaStatuses[].freshness (0: never); see
+# glasspipe.freshness: in between, reconciliations carry the last entries over and write nothing new.
+FRESHNESS_INTERVAL = float(os.environ.get("GLASSPIPE_FRESHNESS_INTERVAL", str(DEFAULT_FRESHNESS_INTERVAL)))
+# The Spark image of pipelines whose spec.spark.image is not set.
+SPARK_IMAGE = os.environ.get("GLASSPIPE_SPARK_IMAGE") or DEFAULT_SPARK_IMAGE
 
 log = logging.getLogger("glasspipe.controller")
 _reconciler: Reconciler | None = None
@@ -72,7 +79,8 @@ def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.networking.connect_timeout = 10
     settings.execution.max_workers = int(os.environ.get("GLASSPIPE_WORKERS", "8"))
     # Peering (standalone unless --peering) is set by main via kopf.run(standalone=..., peering_name=...).
-    _reconciler = Reconciler(_api_client(), post_event=_post_event)
+    _reconciler = Reconciler(_api_client(), post_event=_post_event, freshness_interval=FRESHNESS_INTERVAL,
+                             spark_image=SPARK_IMAGE)
 
 
 @kopf.on.create(models.GROUP, models.VERSION, models.PLURAL)

@@ -22,6 +22,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="port of the Prometheus /metrics endpoint (0: off)")
     p.add_argument("--reconcile-interval", type=float, default=None,
                    help="seconds between periodic reconciliations of each pipeline (default 10)")
+    p.add_argument("--freshness-interval", type=float, default=None,
+                   help="seconds between reads of each pipeline's driver metrics into its status (default 30; "
+                        "0: off)")
+    p.add_argument("--spark-image", default=None,
+                   help="Spark image of pipelines whose spec.spark.image is not set (default glasspipe/spark:0.1.0)")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -31,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.reconcile_interval is not None:
         # Read by the handlers module when it registers the timer, so set it before the import below.
         os.environ["GLASSPIPE_RECONCILE_INTERVAL"] = str(args.reconcile_interval)
+    if args.spark_image:
+        os.environ["GLASSPIPE_SPARK_IMAGE"] = args.spark_image
+    if args.freshness_interval is not None:
+        os.environ["GLASSPIPE_FRESHNESS_INTERVAL"] = str(args.freshness_interval)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -22,9 +22,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from glasspipe import conditions as cond
+from glasspipe import freshness as fresh
 from glasspipe.api import models
 from glasspipe.api.validation import SpecInvalid, validate_spec
-from glasspipe.controller import metrics
+from glasspipe.contract import DEFAULT_SPARK_IMAGE
+from glasspipe.controller import job_metrics, metrics
 from glasspipe.controller.plan import Plan, holds, lingering_drivers, plan_children, replica_index
 from glasspipe.controller.spark_operator import DRIVER_POD_LABEL
 from glasspipe.controller.spark_operator import GROUP as SPARK_GROUP
@@ -66,13 +68,26 @@ class _Slot:
     dirty: bool = False
 
 
+@dataclass
+class _Observed:
+    """The last freshness observation of a pipeline: when (monotonic), and each driver's sample (by pod uid)."""
+
+    at: float
+    samples: dict[str, fresh.JobSample]
+
+
 class Reconciler:
     """Converges pipelines through a synchronous Kubernetes client (called from kopf's worker threads)."""
 
-    def __init__(self, api: client.ApiClient, post_event: EventPoster | None = None) -> None:
+    def __init__(self, api: client.ApiClient, post_event: EventPoster | None = None,
+                 freshness_interval: float = fresh.DEFAULT_INTERVAL,
+                 spark_image: str = DEFAULT_SPARK_IMAGE) -> None:
         self.custom = client.CustomObjectsApi(api)
         self.core = client.CoreV1Api(api)
         self.post_event = post_event
+        self.freshness_interval = freshness_interval
+        self.spark_image = spark_image  # for pipelines whose spec names no image
+        self._observed: dict[tuple[str, str], _Observed] = {}
         self._slots: dict[tuple[str, str], _Slot] = {}
         self._slots_lock = threading.Lock()
         self._invalid: dict[tuple[str, str], str | None] = {}
@@ -192,6 +207,7 @@ class Reconciler:
         pipeline = self.get_pipeline(namespace, name)
         if pipeline is None:
             metrics.forget_pipeline(namespace, name)
+            self._observed.pop((namespace, name), None)
             return "ok"
         meta = pipeline["metadata"]
         if meta.get("deletionTimestamp"):
@@ -221,7 +237,7 @@ class Reconciler:
             assessment = cond.assess(len(apps), observed, invalid=invalid)
             desired_count = len(apps)
         else:
-            desired = render_spark_applications(namespace, name, uid, spec)
+            desired = render_spark_applications(namespace, name, uid, spec, self.spark_image)
             listed = {a["metadata"]["name"] for a in apps}
             unlisted, foreign = self.unlisted_apps(
                 namespace, uid, [d["metadata"]["name"] for d in desired if d["metadata"]["name"] not in listed])
@@ -249,6 +265,8 @@ class Reconciler:
             assessment = cond.assess(desired_count, observed, suspended=spec.suspend, error=error,
                                      stopping_pods=plan.lingering)
 
+        assessment.replica_statuses = self.observe_freshness(namespace, name, apps, assessment.replica_statuses,
+                                                             status.get("replicaStatuses"))
         metrics.READY_REPLICAS.labels(namespace, name).set(assessment.ready_replicas)
         metrics.DESIRED_REPLICAS.labels(namespace, name).set(desired_count)
         self.write_status(pipeline, status, assessment, generation)
@@ -307,6 +325,7 @@ class Reconciler:
             "readyReplicas": a.ready_replicas,
             "selector": render_selector(name),
             "replicaStatuses": a.replica_statuses,
+            fresh.PIPELINE_LAG_KEY: fresh.pipeline_lag(a.replica_statuses),
         }
         if all(_normalized(old.get(k)) == _normalized(v) for k, v in new.items()):
             return
@@ -314,6 +333,38 @@ class Reconciler:
         for t in cond.transitions(old.get("conditions"), conditions):
             self._event(pipeline, "Warning" if t.warning else "Normal", t.reason,
                         f"{t.type} is {t.new_status}: {t.message}")
+
+    def observe_freshness(self, namespace: str, name: str, apps: list[dict[str, Any]],
+                          statuses: list[dict[str, Any]], current: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+        """``statuses`` with each replica's freshness: read from its driver's metrics when an observation
+        is due (every ``freshness_interval`` seconds), else carried over from the ``current`` status."""
+        key = (namespace, name)
+        last = self._observed.get(key)
+        if not statuses or not fresh.due(last.at if last else None, time.monotonic(), self.freshness_interval):
+            return fresh.carried_over(statuses, current) if self.freshness_interval > 0 else list(statuses)
+        app_index = {str(a["metadata"].get("uid")): replica_index(a) for a in apps
+                     if not a["metadata"].get("deletionTimestamp")}
+        try:
+            pods = self.running_driver_pods(namespace, name)
+        except ApiException as e:  # freshness is never worth failing a reconciliation: try again next time
+            log.warning("GlassPipeline %s/%s: cannot list driver pods for freshness: %s", namespace, name,
+                        _api_error(e))
+            return fresh.carried_over(statuses, current)
+        targets = fresh.driver_targets(pods, app_index)
+        results = job_metrics.read_samples(targets)
+        observed_at = time.time()
+        previous = last.samples if last else {}
+        samples: dict[str, fresh.JobSample] = {}
+        entries: dict[int, dict[str, Any]] = {}
+        for target, (sample, error) in zip(targets, results, strict=True):
+            baseline = previous.get(target.uid)
+            entries[target.index] = fresh.replica_freshness(target, observed_at, sample, baseline, error)
+            if sample is not None:
+                samples[target.uid] = sample
+            elif target.uid in previous:  # keep the baseline: the next p95 then spans both intervals
+                samples[target.uid] = previous[target.uid]
+        self._observed[key] = _Observed(time.monotonic(), samples)
+        return fresh.with_freshness(statuses, entries)
 
     def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.custom.patch_namespaced_custom_object_status(
@@ -333,4 +384,5 @@ class Reconciler:
             remaining += len(lingering_drivers(self.running_driver_pods(namespace, name), set()))
         if remaining == 0:
             metrics.forget_pipeline(namespace, name)
+            self._observed.pop((namespace, name), None)
         return remaining

@@ -10,7 +10,7 @@ from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.clickhouse.connection import Connection
 from glasspipe_job.clickhouse.errors import SinkError, describe_error
 from glasspipe_job.clickhouse.mechanism import DEDUP_WINDOW, Mechanism, choose_mechanism, parse_version, token_capable
-from glasspipe_job.clickhouse.mutations import MutationWatch
+from glasspipe_job.clickhouse.mutations import MutationStuck, MutationWatch
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN, full_name, quote_ident
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class ClickHouseTable:
         self.mechanism: Mechanism | None = None
         self.table_types: dict[str, str] = {}
         self.has_marker = False
+        self.stuck: MutationStuck | None = None  # the last DELETE that passed the mutation deadline (runner.py)
 
     @property
     def full_table(self) -> str:
@@ -103,7 +104,10 @@ class ClickHouseTable:
     def mutation_watch(self, what: str) -> MutationWatch:
         """A deadline-bounded wait for a DELETE on the data table (see mutations.py)."""
         return MutationWatch(lambda: self.connection.client, self.database, self.table, self.full_table, what,
-                             self.connection.mutation_deadline, self.connection.clock)
+                             self.connection.mutation_deadline, self.connection.clock, self._stuck)
+
+    def _stuck(self, error: MutationStuck) -> None:
+        self.stuck = error
 
     def create_table_sql(self) -> str:
         return create_table_sql(self.full_table, self.columns, self.order_by, token_capable(self.version))
