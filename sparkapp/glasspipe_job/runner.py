@@ -29,6 +29,7 @@ from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.join import build_join_stream, join_sides
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
+from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import parse_and_check, read_kafka, select_output, source_rows, with_warmup_flag
 
 log = logging.getLogger("glasspipe.job")
@@ -149,7 +150,8 @@ def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, d
     """One source's rows after parsing and checks (stateless; warm-up rows flagged)."""
     topic = a.source.kafka.topic
     assign = {topic: a.partitions} if config.replicas > 1 else None
-    raw = read_kafka(spark, config, a.source, assign, ho.starting_offsets_json({topic: decision.read_from[topic]}))
+    raw = read_kafka(spark, config, a.source, assign, ho.starting_offsets_json({topic: decision.read_from[topic]}),
+                     driver_heap_bytes(spark))
     parsed = parse_and_check(raw, a.source)
     return with_warmup_flag(parsed, {topic: decision.warmup_partitions().get(topic, {})})
 

@@ -102,8 +102,9 @@ def _event_time(source: models.Source) -> Column:
 
 
 def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
-               assign: dict[str, list[int]] | None, starting_offsets: str | None) -> DataFrame:
-    """The Kafka source of one GlassPipeline source (its partitions for this replica)."""
+               assign: dict[str, list[int]] | None, starting_offsets: str | None, driver_heap: int) -> DataFrame:
+    """The Kafka source of one GlassPipeline source (its partitions for this replica); ``driver_heap`` (bytes)
+    bounds a micro-batch when kafka.maxOffsetsPerTrigger is not set."""
     reader = spark.readStream.format("kafka").options(**config.kafka_options(source))
     if assign is not None:
         reader = reader.option("assign", _json(assign))
@@ -111,7 +112,7 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
         reader = reader.option("subscribe", source.kafka.topic)
     reader = reader.option("startingOffsets", starting_offsets or source.kafka.starting_offsets)
     reader = reader.option("failOnDataLoss", "true").option("includeHeaders", "false")
-    bound = batch_bound(spark, config, source)
+    bound = batch_bound(config, source, driver_heap)
     reader = reader.option("maxOffsetsPerTrigger", str(bound))
     # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition
     # holds more than an eighth of the batch, however few Kafka partitions the records come from.
@@ -119,14 +120,11 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
     return reader.load()
 
 
-def batch_bound(spark: SparkSession, config: JobConfig, source: models.Source) -> int:
+def batch_bound(config: JobConfig, source: models.Source, heap: int) -> int:
     """Records per micro-batch of a source: kafka.maxOffsetsPerTrigger, else derived from the driver JVM's max
     heap (models.derived_max_offsets_per_trigger; docs/operations.md "Catching up")."""
     if source.kafka.max_offsets_per_trigger is not None:
         return source.kafka.max_offsets_per_trigger
-    from glasspipe_job.session import driver_heap_bytes
-
-    heap = driver_heap_bytes(spark)
     bound = models.derived_max_offsets_per_trigger(heap, len(config.spec.sources))
     log.info("source %s: at most %d records per micro-batch (driver max heap %d MiB; set "
              "kafka.maxOffsetsPerTrigger to change it)", source.name, bound, heap >> 20)
