@@ -52,6 +52,9 @@ from glasspipe_job.transform import (
     spark_type,
 )
 
+# Recorded in each checkpoint's hand-over record (handover.Handover.plan): a checkpoint of an earlier join
+# plan (Spark's stream-stream join, plan "") is set aside and a new one started, as after a rescale.
+JOIN_STATE_PLAN = "glasspipe-temporal-join/1"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
 
 

@@ -25,7 +25,7 @@ from glasspipe_job.clickhouse.ledger import Fence, Ledger, LedgerRow, Superseded
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
-from glasspipe_job.join import build_join_stream, join_sides
+from glasspipe_job.join import JOIN_STATE_PLAN, build_join_stream, join_sides
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.transform import parse_and_check, read_kafka, select_output, source_rows, with_warmup_flag
@@ -108,7 +108,12 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     owned: ho.Offsets = {}
     for a in assignments:
         owned.update(a.owned)
-    if previous is not None:
+    plan = JOIN_STATE_PLAN if config.spec.join is not None else ""
+    if previous is not None and previous.plan != plan:
+        log.warning("checkpoint %s holds the state of another plan (%r, this job runs %r; see docs/operations.md, "
+                    "Upgrading glasspipe): set aside as %s", config.checkpoint_dir, previous.plan, plan,
+                    files.set_aside())
+    elif previous is not None:
         if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
             return previous, claim(config, ledger, rows, previous.writer_id, previous.resume)
@@ -136,7 +141,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
         if lookback is not None and any(o > 0 for o in start.resume[topic].values()):
             read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: start.resume[topic]},
                                              lookback))
-    decision = ho.Handover(start.writer_id, start.resume, read_from)
+    decision = ho.Handover(start.writer_id, start.resume, read_from, plan)
     files.write(ho.HANDOVER_FILE, decision.to_json())
     log.info("new checkpoint %s as writer %s: resume %s, read from %s", config.checkpoint_dir, start.writer_id,
              start.resume, read_from)
