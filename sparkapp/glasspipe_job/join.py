@@ -1,20 +1,26 @@
 """Temporal join of two Kafka sources: each side parsed, checked, filtered and deduplicated as a
-single source is, then joined by key within an event-time window (Spark's stream-stream join).
+single source is, then joined by key within an event-time window by glasspipe's JVM join operator
+(``io.glasspipe.spark.JoinProcessor`` in ``transformWithState``, through jvm.temporal_join).
 
 The plan, per micro-batch (one query, both topics in one offset log):
 
     orders: Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+
-                              \\-(dead)-------------------------------------------------+         |
-                                                                                      |   full outer join
-    users:  Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+
-                              \\-(dead)---------------------------------------+       |         |
-                                                                            union <------- matched, late,
-                                                                              |           (left join: unmatched left)
-                                                                     select_output -> BatchWriter
+                              \\-(dead)-----------------------------------------------+          | union
+                                                                                    |   join operator (JVM),
+    users:  Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+  by join key
+                              \\-(dead)-------------------------------------+       |          |
+                                                                          union <-------- matched, late,
+                                                                            |           (left join: unmatched left)
+                                                                   select_output -> BatchWriter
 
 - A record matches every record of the other side with the same key(s) whose event time lies within
   ``join.window`` of its own: ``|t_left - t_right| <= window`` (both directions, so arrival order
-  does not matter).
+  does not matter). A pair is emitted in the micro-batch in which its second record arrives.
+- State: per key, each side's records still inside their window, evicted by an event-time timer when
+  the watermark reaches ``t + window`` (exact: a later record that is not late has ``t' > watermark``,
+  so it cannot match); a left join emits a left record that matched nothing then. Eviction reads the
+  expired keys only, so a micro-batch's cost does not grow with the state (Spark's stream-stream join,
+  which this replaces, scanned its whole state every micro-batch: docs/semantics.md, Joins).
 - The joined row holds each side's fields in a struct column named after its source, so the output
   columns' SQL (``\\`orders\\`.\\`user_id\\```, from glasspipe.api.validation.resolve_columns) reads
   them as struct fields; dead rows carry NULL structs and their original Kafka coordinates.
@@ -22,8 +28,11 @@ The plan, per micro-batch (one query, both topics in one offset log):
   cheap stateless re-read) rather than running a stateful operator twice. Duplicates are counted by
   an ``observe`` (``dedup_<source>``) on the dedup output and dropped before the join.
 - Late rows (at or below the watermark) are flagged by each side's JVM operator (with or without
-  deduplication) instead of being dropped by Spark, pass the join unmatched and go to the dead-letter
-  topic with reason ``late``, with their own Kafka coordinates.
+  deduplication) instead of being dropped by Spark, pass the join operator at once without entering
+  its state and go to the dead-letter topic with reason ``late``, with their own Kafka coordinates.
+- A checkpoint of the earlier plan (Spark's join) cannot resume: ``JOIN_STATE_PLAN`` is recorded in the
+  hand-over record and runner.prepare_handover starts a new checkpoint instead (docs/operations.md,
+  Upgrading glasspipe).
 """
 
 from __future__ import annotations
