@@ -81,9 +81,9 @@ def records_read(progress: dict[str, Any]) -> int:
     seen: dict[str, int] = {}
     for src in progress.get("sources") or []:
         start = src.get("startOffset")
-        start = json.loads(start) if isinstance(start, str) else (start or {})
+        start = (json.loads(start) if isinstance(start, str) else start) or {}  # "null" on the first batch
         end = src.get("endOffset")
-        end = json.loads(end) if isinstance(end, str) else (end or {})
+        end = (json.loads(end) if isinstance(end, str) else end) or {}
         n = sum(int(o) - int(start.get(t, {}).get(p, o)) for t, parts in end.items() for p, o in parts.items())
         seen[src.get("description", "")] = n
     return sum(seen.values())
