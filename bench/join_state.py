@@ -1,5 +1,5 @@
 """Sustained temporal join on local Spark: throughput and join state size (the whole job: Kafka ->
-parse/check -> stream-stream join -> exactly-once ClickHouse sink).
+parse/check -> JVM join operator -> exactly-once ClickHouse sink).
 
 Run: $GLASSPIPE_CACHE/venv/bin/python bench/join_state.py [--rate 10000] [--seconds 90] [--window 30s]
 
@@ -13,7 +13,9 @@ Expected steady state: each side holds ~rate x (window + lateness + batch interv
 it prints every micro-batch's progress (records read, durations, state rows, RocksDB memory, the join's
 update / eviction / commit times) and the sustained rate. ``--conf k=v`` adds Spark settings, e.g.
 ``--conf spark.sql.streaming.join.stateFormatV4.enabled=true --conf spark.sql.streaming.join.stateFormatVersion=4``
-(Spark 4.2's time-indexed join state). Results: docs/semantics.md, Joins.
+(Spark 4.2's time-indexed join state; these apply to checkouts before the JVM join operator, which
+ran Spark's stream-stream join: the script runs whichever checkout it lives in). Results:
+docs/benchmarks.md and docs/semantics.md, Joins.
 """
 
 from __future__ import annotations
@@ -79,12 +81,19 @@ def records_read(progress: dict[str, Any]) -> int:
     seen: dict[str, int] = {}
     for src in progress.get("sources") or []:
         start = src.get("startOffset")
-        start = json.loads(start) if isinstance(start, str) else (start or {})
+        start = (json.loads(start) if isinstance(start, str) else start) or {}  # "null" on the first batch
         end = src.get("endOffset")
-        end = json.loads(end) if isinstance(end, str) else (end or {})
+        end = (json.loads(end) if isinstance(end, str) else end) or {}
         n = sum(int(o) - int(start.get(t, {}).get(p, o)) for t, parts in end.items() for p, o in parts.items())
         seen[src.get("description", "")] = n
     return sum(seen.values())
+
+
+def join_operators(progress: dict[str, Any]) -> list[dict[str, Any]]:
+    """The join's state operators in a progress: Spark's stream-stream join if the plan has one, else
+    every stateful operator (the JVM join and the sides' transformWithState operators)."""
+    ops = progress.get("stateOperators") or []
+    return [o for o in ops if "Join" in o.get("operatorName", "")] or ops
 
 
 def main() -> None:
@@ -151,8 +160,7 @@ def main() -> None:
                 except Exception:
                     written = 0
                 p: dict[str, Any] = running.query.lastProgress or {}
-                ops = p.get("stateOperators") or []
-                join_ops = [o for o in ops if "Join" in o.get("operatorName", "")] or ops
+                join_ops = join_operators(p)
                 state_rows = sum(int(o.get("numRowsTotal") or 0) for o in join_ops)
                 mem = sum(int(o.get("memoryUsedBytes") or 0) for o in join_ops)
                 lag = sum(offsets_behind(src.get("endOffset"), src.get("latestOffset"))
@@ -171,20 +179,26 @@ def main() -> None:
         finally:
             gen.join(5)
         total = samples[-1]["written"] if samples else 0
-        print("\nper micro-batch (query progress): records read, total / addBatch / planning ms, join state rows, "
-              "RocksDB MB, join updates / removals / commit ms, rows dropped by watermark")
+        print("\nper micro-batch (query progress): records read, total / addBatch / planning ms, state rows, "
+              "RocksDB MB, updates / removals / commit ms, rows dropped by watermark, and for the JVM join "
+              "operator (transformWithState) timers fired and timer ms. Spark's join: its operator; the "
+              "JVM plan: all stateful operators (the sides' late-flag operators keep no state without dedup)")
         for prog in running.query.recentProgress:
-            ops = [o for o in prog.get("stateOperators") or [] if "Join" in o.get("operatorName", "")]
+            ops = join_operators(prog)
             d = prog.get("durationMs") or {}
 
             def op_sum(key: str, ops: list[dict[str, Any]] = ops) -> int:
                 return sum(int(o.get(key) or 0) for o in ops)
 
+            def custom(key: str, ops: list[dict[str, Any]] = ops) -> int:
+                return sum(int((o.get("customMetrics") or {}).get(key) or 0) for o in ops)
+
             print(f"{prog['batchId']:5} {records_read(prog):9,} {d.get('triggerExecution', 0):7,} "
                   f"{d.get('addBatch', 0):7,} {d.get('queryPlanning', 0):6,} {op_sum('numRowsTotal'):10,} "
                   f"{op_sum('memoryUsedBytes') / 1e6:7,.1f} {op_sum('allUpdatesTimeMs'):7,} "
                   f"{op_sum('allRemovalsTimeMs'):7,} {op_sum('commitTimeMs'):7,} "
-                  f"{op_sum('numRowsDroppedByWatermark'):6,}")
+                  f"{op_sum('numRowsDroppedByWatermark'):6,} {custom('numExpiredTimers'):8,} "
+                  f"{custom('timerProcessingTimeMs'):6,}")
         progress = [p for p in running.query.recentProgress if p["numInputRows"]][2:]  # skip start-up batches
         if progress:
             rows = sum(records_read(p) for p in progress)

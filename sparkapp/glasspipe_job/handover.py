@@ -52,10 +52,13 @@ class Handover:
     writer_id: str
     resume: Offsets  # rows before these offsets were written by earlier writers
     read_from: Offsets  # where the query starts reading (<= resume: the warm-up range)
+    # the shape of the query's state (its stateful operators): a checkpoint made by another plan cannot
+    # resume; "" for checkpoints written before plans were recorded (a join's then used Spark's join)
+    plan: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({"writerId": self.writer_id, "resume": self.resume, "readFrom": self.read_from},
-                          sort_keys=True)
+        return json.dumps({"writerId": self.writer_id, "resume": self.resume, "readFrom": self.read_from,
+                           "plan": self.plan}, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> Handover:
@@ -64,7 +67,7 @@ class Handover:
         def offsets(o: dict[str, dict[str, int]]) -> Offsets:
             return {t: {int(p): int(v) for p, v in parts.items()} for t, parts in o.items()}
 
-        return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]))
+        return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]), d.get("plan", ""))
 
     def warmup_partitions(self) -> Offsets:
         """Partitions whose query starts before the resume offset (these have warm-up rows)."""

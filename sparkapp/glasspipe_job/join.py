@@ -1,20 +1,26 @@
 """Temporal join of two Kafka sources: each side parsed, checked, filtered and deduplicated as a
-single source is, then joined by key within an event-time window (Spark's stream-stream join).
+single source is, then joined by key within an event-time window by glasspipe's JVM join operator
+(``io.glasspipe.spark.JoinProcessor`` in ``transformWithState``, through jvm.temporal_join).
 
 The plan, per micro-batch (one query, both topics in one offset log):
 
     orders: Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+
-                              \\-(dead)-------------------------------------------------+         |
-                                                                                      |   full outer join
-    users:  Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+
-                              \\-(dead)---------------------------------------+       |         |
-                                                                            union <------- matched, late,
-                                                                              |           (left join: unmatched left)
-                                                                     select_output -> BatchWriter
+                              \\-(dead)-----------------------------------------------+          | union
+                                                                                    |   join operator (JVM),
+    users:  Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+  by join key
+                              \\-(dead)-------------------------------------+       |          |
+                                                                          union <-------- matched, late,
+                                                                            |           (left join: unmatched left)
+                                                                   select_output -> BatchWriter
 
 - A record matches every record of the other side with the same key(s) whose event time lies within
   ``join.window`` of its own: ``|t_left - t_right| <= window`` (both directions, so arrival order
-  does not matter).
+  does not matter). A pair is emitted in the micro-batch in which its second record arrives.
+- State: per key, each side's records still inside their window, evicted by an event-time timer when
+  the watermark reaches ``t + window`` (exact: a later record that is not late has ``t' > watermark``,
+  so it cannot match); a left join emits a left record that matched nothing then. Eviction reads the
+  expired keys only, so a micro-batch's cost does not grow with the state (Spark's stream-stream join,
+  which this replaces, scanned its whole state every micro-batch: docs/semantics.md, Joins).
 - The joined row holds each side's fields in a struct column named after its source, so the output
   columns' SQL (``\\`orders\\`.\\`user_id\\```, from glasspipe.api.validation.resolve_columns) reads
   them as struct fields; dead rows carry NULL structs and their original Kafka coordinates.
@@ -22,8 +28,11 @@ The plan, per micro-batch (one query, both topics in one offset log):
   cheap stateless re-read) rather than running a stateful operator twice. Duplicates are counted by
   an ``observe`` (``dedup_<source>``) on the dedup output and dropped before the join.
 - Late rows (at or below the watermark) are flagged by each side's JVM operator (with or without
-  deduplication) instead of being dropped by Spark, pass the join unmatched and go to the dead-letter
-  topic with reason ``late``, with their own Kafka coordinates.
+  deduplication) instead of being dropped by Spark, pass the join operator at once without entering
+  its state and go to the dead-letter topic with reason ``late``, with their own Kafka coordinates.
+- A checkpoint of the earlier plan (Spark's join) cannot resume: ``JOIN_STATE_PLAN`` is recorded in the
+  hand-over record and runner.prepare_handover starts a new checkpoint instead (docs/operations.md,
+  Upgrading glasspipe).
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ from pyspark.sql import types as T
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
+from glasspipe_job.jvm import JOIN_LEFT, JOIN_RIGHT, temporal_join
 from glasspipe_job.transform import (
     DUPLICATE,
     EVENT_TIME,
@@ -52,6 +62,9 @@ from glasspipe_job.transform import (
     spark_type,
 )
 
+# Recorded in each checkpoint's hand-over record (handover.Handover.plan): a checkpoint of an earlier join
+# plan (Spark's stream-stream join, plan "") is set aside and a new one started, as after a rescale.
+JOIN_STATE_PLAN = "glasspipe-temporal-join/1"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
 
 
@@ -67,27 +80,42 @@ def source_struct_type(source: models.Source) -> T.StructType:
     return T.StructType([T.StructField(f.name, spark_type(f.type), True) for f in source.schema_.fields])
 
 
-def _interval(ms: int) -> Column:
-    return F.expr(f"INTERVAL '{ms // 1000}.{ms % 1000:03d}' SECOND")
+SIDE = "_gp_side"  # JOIN_LEFT / JOIN_RIGHT on input rows, JOIN_BOTH on joined rows
+_PARTITION, _OFFSET = "_gp_p", "_gp_o"  # every row's Kafka coordinates: the order of rows within a batch
 
 
-def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str]) -> DataFrame:
+def _key(i: int) -> str:
+    return f"_gp_k{i}"
+
+
+def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], side: int,
+               left: models.Source, right: models.Source) -> DataFrame:
     """ok rows -> watermark -> late flagged, dedup (JVM); duplicates counted (observe) and dropped;
-    fields packed in a struct. Late rows keep their Kafka coordinates (NULL on the others, so the join
+    fields packed in a struct named after the source (the other side's struct NULL), in the shape of
+    the join operator's input. Late rows keep their Kafka coordinates (NULL on the others, so the join
     state does not hold the raw values)."""
-    side = source_rows(checked, source, join_keys=keys)  # withWatermark(EVENT_TIME) inside; re-emitted
+    rows = source_rows(checked, source, join_keys=keys)  # withWatermark(EVENT_TIME) inside; re-emitted
     if source.deduplication is not None:
-        side = side.observe(DEDUP_OBSERVATION + source.name,
+        rows = rows.observe(DEDUP_OBSERVATION + source.name,
                             F.sum(F.when(F.col(DUPLICATE), 1).otherwise(0)).alias("duplicates"))
-        side = side.where(~F.col(DUPLICATE))
-    return side.select(
-        *[F.col(k).alias(f"_gp_k{i}") for i, k in enumerate(keys)],
+        rows = rows.where(~F.col(DUPLICATE))
+    own = F.struct(*[F.col(f.name) for f in source.schema_.fields])
+
+    def struct_of(s: models.Source) -> Column:
+        return (own if s.name == source.name else F.lit(None).cast(source_struct_type(s))).alias(s.name)
+
+    return rows.select(
+        *[F.col(k).alias(_key(i)) for i, k in enumerate(keys)],
+        F.lit(side).alias(SIDE),
         F.col(EVENT_TIME),
         F.col(WARMUP),
         F.col(LATE),
         *[F.when(F.col(LATE), F.col(c)).alias(c) for c in META_COLUMNS],
         F.when(F.col(LATE), F.col(REASON)).alias(REASON),
-        F.struct(*[F.col(f.name) for f in source.schema_.fields]).alias(source.name),
+        F.col("_gp_partition").alias(_PARTITION),
+        F.col("_gp_offset").alias(_OFFSET),
+        struct_of(left),
+        struct_of(right),
     )
 
 
@@ -126,42 +154,28 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
     assert join is not None
     check_runnable(config, partition_counts)
     left, right = join_sides(config)
-    lk = _kept_side(parsed[left.name], left, join.left.keys).alias("l")
-    rk = _kept_side(parsed[right.name], right, join.right.keys).alias("r")
-    window = _interval(parse_duration_ms(join.window))
-    lt, rt = F.col(f"l.{EVENT_TIME}"), F.col(f"r.{EVENT_TIME}")
-    cond = (rt >= lt - window) & (rt <= lt + window)
-    for i in range(len(join.left.keys)):
-        cond = (F.col(f"l._gp_k{i}") == F.col(f"r._gp_k{i}")) & cond
-    # Late rows must reach the dead-letter topic, so neither side may be filtered before the join: a
-    # full outer join with "not late" in its condition emits a late row at once, unmatched, without
-    # storing it (Spark's pre-join filter); an inner or left join would push that condition below
-    # itself. The unmatched rows a full outer join adds at eviction are left out here.
-    cond = ~F.col(f"l.{LATE}") & ~F.col(f"r.{LATE}") & cond
-    joined = lk.join(rk, cond, "fullouter")
-    l_in, r_in = F.col(f"l.{LATE}").isNotNull(), F.col(f"r.{LATE}").isNotNull()
-    l_late, r_late = F.coalesce(F.col(f"l.{LATE}"), F.lit(False)), F.coalesce(F.col(f"r.{LATE}"), F.lit(False))
-    matched = l_in & r_in
-    keep = matched | l_late | r_late
-    if join.type != "inner":
-        keep = keep | (l_in & ~r_in)  # a left row unmatched when the watermark passed its window
-    late = l_late | r_late
-    joined = joined.where(keep).select(
-        F.when(~late, F.col(f"l.{left.name}")).alias(left.name),
-        F.when(~late, F.col(f"r.{right.name}")).alias(right.name),
-        *[F.coalesce(F.col(f"l.{c}"), F.col(f"r.{c}")).alias(c) for c in META_COLUMNS],
+    both = (_kept_side(parsed[left.name], left, join.left.keys, JOIN_LEFT, left, right)
+            .unionByName(_kept_side(parsed[right.name], right, join.right.keys, JOIN_RIGHT, left, right)))
+    out = temporal_join(
+        both, [_key(i) for i in range(len(join.left.keys))], side_col=SIDE, event_time_col=EVENT_TIME,
+        late_col=LATE, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,
+        left_col=left.name, right_col=right.name, window_seconds=parse_duration_ms(join.window) / 1000,
+        left_outer=join.type != "inner")
+    late = F.col(LATE)
+    joined = out.select(
+        F.when(~late, F.col(left.name)).alias(left.name),
+        F.when(~late, F.col(right.name)).alias(right.name),
+        *META_COLUMNS,
         F.lit(None).cast("binary").alias(KEY),  # not kept in the join state (see transform.KEY)
         F.when(late, F.lit("dead")).otherwise(F.lit("ok")).alias(STATUS),
-        F.coalesce(F.col(f"l.{REASON}"), F.col(f"r.{REASON}")).alias(REASON),
+        REASON,
         F.lit(False).alias(DUPLICATE),
-        # rows rebuilt from warm-up on both sides were written by the previous replica layout; a late
-        # warm-up row was dead-lettered by it
-        F.when(l_late, F.col(f"l.{WARMUP}")).when(r_late, F.col(f"r.{WARMUP}"))
-        .otherwise(F.coalesce(F.col(f"l.{WARMUP}"), F.lit(False)) & F.coalesce(F.col(f"r.{WARMUP}"), F.lit(False)))
-        .alias(WARMUP),
+        # a joined row is warm-up when both of its rows are (the previous replica layout wrote it); a
+        # late warm-up row was dead-lettered by that layout; an unmatched left row is not
+        WARMUP,
         # freshness: the Kafka timestamps are not kept in the join state (so no end-to-end latency for
-        # joined rows); the pair's event time is its later side's (greatest skips a missing side)
-        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), F.greatest(lt, rt).alias(EVENT_TIME),
+        # joined rows); a joined row's event time is its later side's, NULL on late rows
+        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), EVENT_TIME,
     )
     rows = (joined.unionByName(_dead_side(parsed[left.name], left, right))
             .unionByName(_dead_side(parsed[right.name], right, left)))

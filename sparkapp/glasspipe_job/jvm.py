@@ -1,10 +1,11 @@
 """Glasspipe's JVM-side Spark operators (sparkapp/jvm), called from PySpark through py4j.
 
-Why JVM-side: event-time dedup needs per-key state. Python ``transformWithState`` runs a state
-call per key through the Python worker (~1-3k rows/s here) and ``dropDuplicatesWithinWatermark``
-scans the whole state store every micro-batch to evict. The Java ``StatefulProcessor`` in
-``io.glasspipe.spark.DedupProcessor`` keeps one RocksDB value per key and evicts with event-time
-timers (an expiry-ordered index), so a micro-batch costs its own rows plus the expired keys.
+Why JVM-side: event-time dedup and the temporal join need per-key state. Python ``transformWithState``
+runs a state call per key through the Python worker (~1-3k rows/s here), while
+``dropDuplicatesWithinWatermark`` and Spark's stream-stream join (state format v2) scan their whole
+state every micro-batch to evict. The Java ``StatefulProcessor``s (``io.glasspipe.spark.DedupProcessor``,
+``io.glasspipe.spark.JoinProcessor``) keep one RocksDB value per key and evict with event-time timers
+(an expiry-ordered index), so a micro-batch costs its own rows plus the expired keys.
 
 The jar is built by ``dev/install/jvm-ops.sh`` into
 ``$GLASSPIPE_CACHE/jvm-ops/<hash>/glasspipe-spark-ops.jar`` and must be on ``spark.jars`` before
@@ -146,6 +147,51 @@ def flag_late_before_join(
     return DataFrame(jdf, spark)
 
 
+def temporal_join(
+    df: DataFrame,
+    keys: list[str],
+    *,
+    side_col: str,
+    event_time_col: str,
+    late_col: str,
+    warmup_col: str,
+    partition_col: str,
+    offset_col: str,
+    left_col: str,
+    right_col: str,
+    window_seconds: float,
+    left_outer: bool,
+) -> DataFrame:
+    """Temporal join of two sides unioned in ``df`` (``io.glasspipe.spark.TemporalJoin``): grouped by
+    ``keys``, a left row (``side_col`` = JOIN_LEFT) and a right row (JOIN_RIGHT) match when their event
+    times lie within ``window_seconds`` of each other; each pair is emitted once, when its second row
+    arrives, as a row with ``side_col`` = JOIN_BOTH and both structs (``left_col``, ``right_col``). Rows
+    are evicted by event-time timers when the watermark reaches ``t + window``; with ``left_outer`` a
+    left row that matched nothing is emitted then (side JOIN_LEFT, right struct NULL). Rows with
+    ``late_col`` true pass through at once without entering state. ``df`` must carry the watermark on
+    ``event_time_col`` (NULL on late rows: see ``flag_late_before_join``); the result has ``df``'s
+    columns and no watermark, so nothing stateful may follow.
+    """
+    window_ms = round(window_seconds * 1000)
+    if window_ms < 0:
+        raise ValueError(f"window_seconds must not be negative, got {window_seconds}")
+    spark = df.sparkSession
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    try:
+        jdf = jvm.io.glasspipe.spark.TemporalJoin.join(
+            df._jdf, list(keys), side_col, event_time_col, late_col, warmup_col, partition_col, offset_col,
+            left_col, right_col, window_ms, left_outer)
+    except TypeError as exc:
+        raise RuntimeError(
+            f"{JOIN_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
+            f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
+        ) from exc
+    return DataFrame(jdf, spark)
+
+
+JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"
+JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.JoinProcessor.LEFT / RIGHT / JOINED
 LATE_GUARD_COL = "_gp_watermark_guard"  # io.glasspipe.spark.WindowDedup.LATE_GUARD_COL
 
 

@@ -26,7 +26,7 @@ from glasspipe_job.clickhouse.mutations import MutationStuck
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
-from glasspipe_job.join import build_join_stream, join_sides
+from glasspipe_job.join import JOIN_STATE_PLAN, build_join_stream, join_sides
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
@@ -111,7 +111,12 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     owned: ho.Offsets = {}
     for a in assignments:
         owned.update(a.owned)
-    if previous is not None:
+    plan = JOIN_STATE_PLAN if config.spec.join is not None else ""
+    if previous is not None and previous.plan != plan:
+        log.warning("checkpoint %s holds the state of another plan (%r, this job runs %r; see docs/operations.md, "
+                    "Upgrading glasspipe): set aside as %s", config.checkpoint_dir, previous.plan, plan,
+                    files.set_aside())
+    elif previous is not None:
         if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
             return previous, claim(config, ledger, rows, previous.writer_id, previous.resume)
@@ -139,7 +144,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
         if lookback is not None and any(o > 0 for o in start.resume[topic].values()):
             read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: start.resume[topic]},
                                              lookback))
-    decision = ho.Handover(start.writer_id, start.resume, read_from)
+    decision = ho.Handover(start.writer_id, start.resume, read_from, plan)
     files.write(ho.HANDOVER_FILE, decision.to_json())
     log.info("new checkpoint %s as writer %s: resume %s, read from %s", config.checkpoint_dir, start.writer_id,
              start.resume, read_from)

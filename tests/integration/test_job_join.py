@@ -6,6 +6,7 @@ Each section of docs/semantics.md "Joins" names the test that checks it."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
@@ -294,3 +295,27 @@ def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
     for topic in (j.orders, j.users):
         lag = group_lag(kafka.bootstrap, group, topic)
         assert all(c == e for c, e in lag.values()), (topic, lag)
+
+
+def test_a_checkpoint_of_the_earlier_join_plan_is_set_aside_and_pairs_straddling_the_upgrade_match(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Upgrading from Spark's stream-stream join (docs/operations.md, Upgrading glasspipe): a join
+    checkpoint whose hand-over record names no plan is set aside and a new one started from the ledger,
+    with warm-up, so a pair whose records straddle the upgrade matches and nothing is written twice."""
+    j = Join(tmp_path, kafka, clickhouse, "orders-users-join.yaml")
+    j.produce(orders=[order("o1", "u1", T0 + timedelta(minutes=10)), order("o2", "u2", T0 + timedelta(minutes=20))],
+              users=[user("u2", "FR", T0 + timedelta(minutes=25))])
+    first = j.run()
+    assert j.rows() == [("o2", "u2", "FR", "free")], first
+    [record] = list(j.ckpt.glob("**/glasspipe-handover.json"))
+    doc = json.loads(record.read_text())
+    assert doc.pop("plan") == "glasspipe-temporal-join/1", doc
+    record.write_text(json.dumps(doc))  # as written before plans were recorded
+    record.with_name(f".{record.name}.crc").unlink(missing_ok=True)  # Hadoop's local checksum of the old text
+    j.produce(users=[user("u1", "US", T0 + timedelta(minutes=30))])  # o1's match, after the upgrade
+    second = j.run()
+    assert "holds the state of another plan" in j.last_log, j.last_log[-3000:]
+    assert list(j.ckpt.glob("*.superseded-0")), list(j.ckpt.iterdir())
+    assert "rows written 1," in second and "warm-up rows 3," in second, second
+    assert j.rows() == [("o1", "u1", "US", "free"), ("o2", "u2", "FR", "free")], second

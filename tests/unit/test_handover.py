@@ -71,6 +71,15 @@ def test_handover_round_trips_and_names_warmup_partitions() -> None:
     h = Handover("ns.p.0of2-b", {"t": {0: 30, 2: 5}}, {"t": {0: 12, 2: 5}})
     assert Handover.from_json(h.to_json()) == h
     assert h.warmup_partitions() == {"t": {0: 30}}
+    joined = Handover("ns.p.0of1-c", {"t": {0: 3}}, {"t": {0: 3}}, plan="glasspipe-temporal-join/1")
+    assert Handover.from_json(joined.to_json()) == joined
+
+
+def test_a_record_written_before_plans_were_recorded_reads_as_plan_empty() -> None:
+    """Join checkpoints of Spark's stream-stream join have such records: runner.prepare_handover sets them
+    aside (docs/operations.md, Upgrading glasspipe)."""
+    old = Handover.from_json('{"readFrom": {"t": {"0": 1}}, "resume": {"t": {"0": 4}}, "writerId": "ns.p.0of1-a"}')
+    assert old == Handover("ns.p.0of1-a", {"t": {0: 4}}, {"t": {0: 1}}, plan="")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5])

@@ -1,0 +1,104 @@
+package io.glasspipe.spark;
+
+import java.util.List;
+
+import org.apache.spark.sql.Column;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.types.DataType;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructField;
+import org.apache.spark.sql.types.StructType;
+
+/**
+ * Entry point called from PySpark (py4j): a temporal join of two sides by key within an event-time
+ * window, done by a JVM-side {@link JoinProcessor} in {@code transformWithState} with event-time
+ * timers, so that eviction costs the expired keys instead of a scan of the whole join state (Spark's
+ * stream-stream join, state format v2, scans every micro-batch).
+ */
+public final class TemporalJoin {
+  private TemporalJoin() {}
+
+  private static int index(StructType schema, String name, DataType type) {
+    int i = schema.fieldIndex(name);
+    DataType actual = schema.fields()[i].dataType();
+    if (type != null && !actual.equals(type)) {
+      throw new IllegalArgumentException(
+          "join column " + name + " must be " + type.simpleString() + ", got " + actual.simpleString());
+    }
+    return i;
+  }
+
+  private static StructType entrySchema(DataType value) {
+    return new StructType()
+        .add("t", DataTypes.TimestampType, false)
+        .add("p", DataTypes.IntegerType, false)
+        .add("o", DataTypes.LongType, false)
+        .add("w", DataTypes.BooleanType, false)
+        .add("m", DataTypes.BooleanType, false)
+        .add("v", value, true);
+  }
+
+  /**
+   * Joins the two sides unioned in {@code df}, which must carry an event-time watermark (the sides'
+   * operators, {@link WindowDedup#flagLateBeforeJoin}, set it) and these columns:
+   *
+   * @param keys the join key columns (the grouping); rows with a NULL key match nothing
+   * @param sideCol INT: {@link JoinProcessor#LEFT} or {@link JoinProcessor#RIGHT}
+   * @param eventTimeCol TIMESTAMP: the event time (NULL on late rows)
+   * @param lateCol BOOLEAN: late rows pass through at once and never enter state
+   * @param warmupCol BOOLEAN: warm-up rows (see handover.py); a joined row is warm-up if both rows are
+   * @param partitionCol INT Kafka partition, {@code offsetCol} BIGINT offset: order rows of a batch
+   * @param leftCol STRUCT of the left side's fields (NULL on right rows), {@code rightCol} likewise
+   * @param windowMs the join window: {@code |t_left - t_right| <= window} matches
+   * @param leftOuter emit a left row that matched nothing, right side NULL, when its window closes
+   * @return rows with the columns of {@code df}: joined rows (side {@link JoinProcessor#JOINED}),
+   *     unmatched left rows (left join) and late rows; the result carries no watermark, so nothing
+   *     stateful may follow
+   */
+  public static Dataset<Row> join(
+      Dataset<Row> df, List<String> keys, String sideCol, String eventTimeCol, String lateCol, String warmupCol,
+      String partitionCol, String offsetCol, String leftCol, String rightCol, long windowMs, boolean leftOuter) {
+    if (keys == null || keys.isEmpty()) {
+      throw new IllegalArgumentException("a join needs at least one key column");
+    }
+    if (windowMs < 0) {
+      throw new IllegalArgumentException("windowMs must not be negative, got " + windowMs);
+    }
+    StructType schema = df.schema();
+    int[] keyIndexes = new int[keys.size()];
+    StructField[] keyFields = new StructField[keys.size()];
+    Column[] keyCols = new Column[keys.size()];
+    for (int i = 0; i < keys.size(); i++) {
+      keyIndexes[i] = schema.fieldIndex(keys.get(i));
+      keyFields[i] = schema.fields()[keyIndexes[i]];
+      keyCols[i] = functions.col(keys.get(i));
+    }
+    int leftIndex = index(schema, leftCol, null);
+    int rightIndex = index(schema, rightCol, null);
+    StructType state = new StructType()
+        .add("left", DataTypes.createArrayType(entrySchema(schema.fields()[leftIndex].dataType()), false), false)
+        .add("right", DataTypes.createArrayType(entrySchema(schema.fields()[rightIndex].dataType()), false), false);
+    JoinProcessor processor = new JoinProcessor(
+        keyIndexes,
+        index(schema, sideCol, DataTypes.IntegerType),
+        index(schema, eventTimeCol, DataTypes.TimestampType),
+        index(schema, lateCol, DataTypes.BooleanType),
+        index(schema, warmupCol, DataTypes.BooleanType),
+        partitionCol == null ? -1 : index(schema, partitionCol, DataTypes.IntegerType),
+        offsetCol == null ? -1 : index(schema, offsetCol, DataTypes.LongType),
+        leftIndex, rightIndex, schema.size(), windowMs * 1000L, leftOuter, state);
+    // every output column nullable: joined rows have no Kafka coordinates, unmatched rows no right side
+    StructType out = new StructType();
+    for (StructField f : schema.fields()) {
+      out = out.add(f.name(), f.dataType(), true);
+    }
+    return df.groupBy(keyCols)
+        .as(Encoders.row(new StructType(keyFields)), Encoders.row(schema))
+        .transformWithState(processor, TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
+  }
+}
