@@ -97,19 +97,8 @@ def deduplicate_within_window(
     window_ms = round(window_seconds * 1000)
     if window_ms <= 0:
         raise ValueError(f"window_seconds must be positive, got {window_seconds}")
-    spark = df.sparkSession
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    try:
-        entry = jvm.io.glasspipe.spark.WindowDedup
-        jdf = entry.deduplicate(df._jdf, list(keys), event_time_col, window_ms, flag_col, passthrough_col,
-                                partition_col, offset_col, late_col)
-    except TypeError as exc:  # py4j: the class is not on the JVM classpath (JavaPackage not callable)
-        raise RuntimeError(
-            f"{JVM_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
-            f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
-        ) from exc
-    return DataFrame(jdf, spark)
+    return _call_static(df, JVM_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
+                        passthrough_col, partition_col, offset_col, late_col)
 
 
 def flag_late_before_join(
@@ -133,18 +122,8 @@ def flag_late_before_join(
     window_ms = round(window_seconds * 1000) if window_seconds is not None else 0
     if window_seconds is not None and window_ms <= 0:
         raise ValueError(f"window_seconds must be positive, got {window_seconds}")
-    spark = df.sparkSession
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    try:
-        jdf = jvm.io.glasspipe.spark.WindowDedup.flagLateBeforeJoin(
-            df._jdf, list(keys), event_time_col, window_ms, flag_col, partition_col, offset_col, late_col)
-    except TypeError as exc:
-        raise RuntimeError(
-            f"{JVM_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
-            f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
-        ) from exc
-    return DataFrame(jdf, spark)
+    return _call_static(df, JVM_ENTRY, "flagLateBeforeJoin", list(keys), event_time_col, window_ms, flag_col,
+                        partition_col, offset_col, late_col)
 
 
 def temporal_join(
@@ -175,19 +154,8 @@ def temporal_join(
     window_ms = round(window_seconds * 1000)
     if window_ms < 0:
         raise ValueError(f"window_seconds must not be negative, got {window_seconds}")
-    spark = df.sparkSession
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
-    try:
-        jdf = jvm.io.glasspipe.spark.TemporalJoin.join(
-            df._jdf, list(keys), side_col, event_time_col, late_col, warmup_col, partition_col, offset_col,
-            left_col, right_col, window_ms, left_outer)
-    except TypeError as exc:
-        raise RuntimeError(
-            f"{JOIN_ENTRY} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
-            f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
-        ) from exc
-    return DataFrame(jdf, spark)
+    return _call_static(df, JOIN_ENTRY, "join", list(keys), side_col, event_time_col, late_col, warmup_col,
+                        partition_col, offset_col, left_col, right_col, window_ms, left_outer)
 
 
 JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"
@@ -202,3 +170,22 @@ def keys_in_two_partitions(spark: Any) -> int:
         return int(jvm.io.glasspipe.spark.WindowDedup.keysInTwoPartitions())
     except TypeError:  # the jar is not loaded: no dedup ran
         return 0
+
+
+def _call_static(df: DataFrame, entry: str, method: str, *args: Any) -> DataFrame:
+    """``entry.method(df._jdf, *args)`` of the ops jar, as a DataFrame. py4j resolves an unknown class to a
+    JavaPackage, which is not callable: that TypeError means the jar is not on the classpath."""
+    spark = df.sparkSession
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    target: Any = jvm
+    for part in entry.split("."):
+        target = getattr(target, part)
+    try:
+        jdf = getattr(target, method)(df._jdf, *args)
+    except TypeError as exc:
+        raise RuntimeError(
+            f"{entry} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
+            f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
+        ) from exc
+    return DataFrame(jdf, spark)

@@ -393,9 +393,9 @@ def test_chunks_of_crashed_predecessor_are_skipped() -> None:
     assert [c.params[-1][0] for c in fake.inserts()] == ["w0/5/6-7"]
 
 
-def test_partial_chunk_is_deleted_then_rewritten() -> None:
-    fake = FakeClient("18.16.1")
-    fake.chunks = {"w0/5/0-3": 2, "w0/5/0-4": 4, "w0/5/9": 3}  # a partial chunk, one of another maxRows, an old format
+def deletes_apply_at_once(fake: FakeClient) -> list[Any]:
+    """Makes the fake's chunk DELETEs take effect at once (no mutation to wait for); returns the list the
+    deleted markers of each DELETE are appended to."""
     deleted: list[Any] = []
     orig = fake.execute
 
@@ -409,6 +409,13 @@ def test_partial_chunk_is_deleted_then_rewritten() -> None:
         return orig(query, params, **kw)
 
     fake.execute = execute  # type: ignore[method-assign]
+    return deleted
+
+
+def test_partial_chunk_is_deleted_then_rewritten() -> None:
+    fake = FakeClient("18.16.1")
+    fake.chunks = {"w0/5/0-3": 2, "w0/5/0-4": 4, "w0/5/9": 3}  # a partial chunk, one of another maxRows, an old format
+    deleted = deletes_apply_at_once(fake)
     res = make_sink(fake).write_batch(5, batch(4), "o5")
     assert deleted == [("w0/5/0-3", "w0/5/0-4", "w0/5/9")]
     assert res.rows_written == 4 and res.attempts == 1  # the wait for the delete is not an insert attempt
@@ -445,18 +452,7 @@ def test_parts_of_a_replay_cut_otherwise_replace_the_stale_chunks() -> None:
     but are not its chunks are deleted before that part is written; those past the batch's end at the end."""
     fake = FakeClient("18.16.1")
     fake.chunks = {"w0/4/0-2": 2, "w0/4/2-4": 2, "w0/4/6-9": 3}
-    deleted: list[Any] = []
-    orig = fake.execute
-
-    def execute(query: str, params: Any = None, **kw: Any) -> Any:
-        if query.startswith("ALTER TABLE"):
-            deleted.append(params["m"])
-            for m in params["m"]:
-                fake.chunks.pop(m)
-            return []
-        return orig(query, params, **kw)
-
-    fake.execute = execute  # type: ignore[method-assign]
+    deleted = deletes_apply_at_once(fake)
     res = make_sink(fake).write_parts(4, parts_of([[1, 2, 3], [4, 5]]), "o4")
     assert deleted == [("w0/4/0-2", "w0/4/2-4"), ("w0/4/6-9",)]
     assert fake.chunks == {"w0/4/0-3": 3, "w0/4/3-5": 2} and res.rows_written == 5
