@@ -117,10 +117,20 @@ class BatchWriter:
         self.groups = groups
         self.metrics = metrics
         self.checkpoint = checkpoint
+        self.failure: Exception | None = None  # the error a micro-batch raised (see __call__)
         self.output_names = [c.name for c in config.columns]
         self.required = [c.name for c in config.columns if not parse_clickhouse_type(c.clickhouse_type).nullable]
 
     def __call__(self, df: DataFrame, batch_id: int) -> None:
+        """foreachBatch: Spark hands the driver only its own wrapper of an error raised here, so the error is
+        also kept in ``failure`` for the runner to report in its own words."""
+        try:
+            self._write(df, batch_id)
+        except Exception as e:
+            self.failure = e
+            raise
+
+    def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         offsets = CheckpointFiles(df.sparkSession, self.checkpoint).offset_log(batch_id)
         seen = _BatchCounts()

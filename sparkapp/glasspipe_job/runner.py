@@ -57,6 +57,7 @@ class RunningPipeline:
     metrics: JobMetrics
     sink: ClickHouseSink
     assignments: list[SourceAssignment]
+    writer: BatchWriter | None = None
 
     def close(self) -> None:
         for a in self.assignments:
@@ -203,13 +204,14 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=f"{config.trigger_interval_ms} milliseconds")
-    return RunningPipeline(stream.start(), metrics, sink, assignments)
+    return RunningPipeline(stream.start(), metrics, sink, assignments, writer)
 
 
 def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
-    """query.awaitTermination; a query that failed because a newer writer took over (Superseded) or a DELETE
-    passed sink.clickhouse.mutationTimeout (MutationStuck) raises with the sink's words rather than Spark's
-    wrapped traceback, so they become the termination message."""
+    """query.awaitTermination; a query that failed because a newer writer took over (Superseded), a DELETE
+    passed sink.clickhouse.mutationTimeout (MutationStuck) or a micro-batch raised (BatchWriter.failure)
+    raises with that error's own words rather than Spark's wrapped traceback, so they become the
+    termination message."""
     try:
         return bool(running.query.awaitTermination() if timeout is None else running.query.awaitTermination(timeout))
     except Exception as e:
@@ -218,6 +220,8 @@ def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
             raise Superseded(running.sink.superseded + (f"; then {stuck}" if stuck else "")) from e
         if stuck is not None:
             raise MutationStuck(str(stuck)) from e
+        if running.writer is not None and running.writer.failure is not None:
+            raise running.writer.failure from e  # the batch's own error, not Spark's wrapper of its traceback
         raise
 
 

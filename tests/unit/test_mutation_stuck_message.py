@@ -93,3 +93,15 @@ def test_other_query_failures_keep_spark_s_words_and_a_stepped_down_writer_says_
         _await(running(stuck_table(60.0), superseded="writer w0 was superseded by w1"))
     assert str(raised.value).startswith("writer w0 was superseded by w1; then rolling back batch")
     assert "spec.sink.clickhouse.mutationTimeout is 60 s" in str(raised.value)
+
+
+def test_a_micro_batch_error_is_reported_in_its_own_words() -> None:
+    """Any other error raised in foreachBatch (here a dead-letter send) replaces Spark's wrapper as well."""
+    healthy = ClickHouseTable(Connection(["ch:9000"], "shop"), "orders", [OutputColumn("id", "`id`", "Int64", None)])
+    pipeline = running(healthy)
+    pipeline.writer = SimpleNamespace(failure=ConnectionError("dead-letter topic orders-dlq: broker down"))  # type: ignore[assignment]
+    with pytest.raises(ConnectionError) as raised:
+        _await(pipeline)
+    assert isinstance(raised.value.__cause__, StreamingQueryException)
+    assert failure.explain(raised.value) == "ConnectionError: dead-letter topic orders-dlq: broker down"
+
