@@ -190,3 +190,16 @@ def running_operator(kube: KubeAPIServer, log: Path, command: Callable[[Path], l
         text = op.log.read_text(errors="replace")
         # Least privilege must still be enough: no request of the operator may have been forbidden.
         assert "forbidden" not in text.lower(), f"the operator hit RBAC denials:\n{op.proc.log_tail(80)}"
+
+
+def driver_pod_manifest(ns: str, app: dict[str, Any], container: dict[str, Any]) -> dict[str, Any]:
+    """The driver pod spark-operator makes for ``app``: ``<app>-driver`` with the app's driver labels and
+    spark-role=driver, owned by the app, on a node with no kubelet (its status is patched by the test)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{app['metadata']['name']}-driver", "namespace": ns,
+                         "labels": {**app["spec"]["driver"]["labels"], "spark-role": "driver"},
+                         "ownerReferences": [{"apiVersion": app["apiVersion"], "kind": "SparkApplication",
+                                              "name": app["metadata"]["name"], "uid": app["metadata"]["uid"],
+                                              "controller": True}]},
+            "spec": {"nodeName": "no-kubelet", "containers": [{"image": "x", **container}]}}
+

@@ -19,7 +19,7 @@ import yaml
 from glasspipe.api.validation import validate_spec
 from glasspipe.render import SPEC_HASH_ANNOTATION, render_spark_applications
 from glasspipe_dev.kube import KubeAPIServer, kube_bin
-from operator_harness import INTERVAL, RELEASE, ROOT, Operator, running_operator, wait_for
+from operator_harness import INTERVAL, RELEASE, ROOT, Operator, driver_pod_manifest, running_operator, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -169,13 +169,7 @@ def test_new_replicas_wait_until_old_drivers_are_gone(operator: Operator) -> Non
 def driver_pod(op: Operator, ns: str, app: dict[str, Any], phase: str = "Running") -> str:
     """What spark-operator makes for an application: a driver pod with its labels, owned by the app."""
     name = f"{app['metadata']['name']}-driver"
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": ns,
-                        "labels": {**app["spec"]["driver"]["labels"], "spark-role": "driver"},
-                        "ownerReferences": [{"apiVersion": app["apiVersion"], "kind": "SparkApplication",
-                                             "name": app["metadata"]["name"], "uid": app["metadata"]["uid"],
-                                             "controller": True}]},
-           "spec": {"nodeName": "no-kubelet", "containers": [{"name": "spark-kubernetes-driver", "image": "x"}]}}
+    pod = driver_pod_manifest(ns, app, {"name": "spark-kubernetes-driver"})
     op.k("apply", "-f", "-", input=json.dumps(pod))
     op.k("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge",
          "-p", json.dumps({"status": {"phase": phase}}))

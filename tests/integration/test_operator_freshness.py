@@ -24,7 +24,7 @@ from glasspipe.render import metrics_port
 from glasspipe_dev.kube import KubeAPIServer
 from glasspipe_dev.process import free_port
 from glasspipe_job.metrics import JobMetrics
-from operator_harness import ROOT, Operator, running_operator, wait_for
+from operator_harness import ROOT, Operator, driver_pod_manifest, running_operator, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -51,15 +51,9 @@ def running_driver(op: Operator, ns: str, app: dict[str, Any], port: int) -> str
     name = f"{app['metadata']['name']}-driver"
     [rendered] = app["spec"]["driver"]["template"]["spec"]["containers"]
     assert rendered["ports"] == [metrics_port()]  # what the API server kept of the render
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": name, "namespace": ns,
-                        "labels": {**app["spec"]["driver"]["labels"], "spark-role": "driver"},
-                        "ownerReferences": [{"apiVersion": app["apiVersion"], "kind": "SparkApplication",
-                                             "name": app["metadata"]["name"], "uid": app["metadata"]["uid"],
-                                             "controller": True}]},
-           "spec": {"nodeName": "no-kubelet", "containers": [{
-               "name": rendered["name"], "image": "x",
-               "ports": [{**metrics_port(), "containerPort": port}, {"name": "spark-ui", "containerPort": 4040}]}]}}
+    pod = driver_pod_manifest(ns, app, {
+        "name": rendered["name"],
+        "ports": [{**metrics_port(), "containerPort": port}, {"name": "spark-ui", "containerPort": 4040}]})
     op.k("apply", "-f", "-", input=json.dumps(pod))
     status = {"status": {"phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]}}
     op.k("patch", "pod", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps(status))
