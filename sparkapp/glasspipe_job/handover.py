@@ -140,9 +140,11 @@ def is_superseded(committed: Offsets, others: Offsets) -> bool:
     committed would be replayed in full on resume, and another layout may have written exactly those
     records meanwhile (the planned end equals the other layout's progress then). This writer's own
     done batches beyond its commit (a crash between the ledger and Spark's commit) are replays the
-    sink recognises, so they never make a checkpoint superseded.
+    sink recognises, so they never make a checkpoint superseded. A partition no other writer has
+    written never supersedes, whatever this checkpoint holds for it (-2, "earliest", included).
     """
-    return any(others.get(t, {}).get(p, -1) > off for t, parts in committed.items() for p, off in parts.items())
+    return any(p in others.get(t, {}) and others[t][p] > off for t, parts in committed.items()
+               for p, off in parts.items())
 
 
 # ------------------------------------------------------------------------------------- the decision

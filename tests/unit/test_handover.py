@@ -50,6 +50,10 @@ def test_a_checkpoint_overtaken_by_another_layout_is_superseded() -> None:
     assert is_superseded({"t": {0: 10}}, {"t": {0: 30, 1: 12}})
     assert not is_superseded({"t": {0: 30, 1: 12}}, {"t": {0: 30, 1: 12}})
     assert not is_superseded({"t": {7: 0}}, {"t": {0: 30}})  # a partition nobody else wrote
+    # killed before its first commit: it still holds where it started, -2 (earliest); nobody else wrote
+    assert not is_superseded({"t": {0: -2, 1: -2}}, {})
+    assert not is_superseded({"t": {0: -2}}, {"t": {1: 5}})
+    assert is_superseded({"t": {0: -2}}, {"t": {0: 0}})  # another writer wrote its partition meanwhile
 
 
 def test_an_uncommitted_batch_that_another_layout_wrote_makes_the_checkpoint_superseded() -> None:
