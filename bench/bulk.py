@@ -44,7 +44,8 @@ from glasspipe_dev.pipelines import produce, run_argv, sms_dedup_pipeline
 
 REPO = Path(__file__).resolve().parents[1]
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-BATCH = re.compile(r"batch (\d+): (\d+) written, .* in ([\d.]+) s")
+# "... in 1.23 s" before the job wrote batches in parts, "... in 4 part(s), 1.23 s" since
+BATCH = re.compile(r"batch (\d+): (\d+) written, .* ([\d.]+) s")
 PROGRESS = re.compile(r"progress of batch (\d+): (\d+) input rows, durations ms (\{.*\})")
 
 
