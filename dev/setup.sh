@@ -9,6 +9,7 @@ gp_timed bash dev/install/clickhouse.sh
 gp_timed bash dev/install/kafka.sh
 gp_timed bash dev/install/spark-jars.sh
 gp_timed bash dev/install/jvm-ops.sh
+gp_timed bash dev/install/spark-cds.sh    # after Kafka, ClickHouse and the jars: a real run dumps it
 if [ "${GLASSPIPE_SKIP_KUBE:-0}" != "1" ]; then
   gp_timed bash dev/install/kube.sh
   # After kube.sh: the node commands reuse its Go build cache (cold ~9.5 min at load ~10).

@@ -1,4 +1,12 @@
 """Fixtures that start real servers, shared by all tests (each starts on first use, once per run)."""
 
+import os
+
+from glasspipe_dev.spark_cds import test_spark_submit_opts
+
+# Every Spark driver the tests start (the shared session, each `glasspipe run`, the stand-in's
+# drivers) maps the classes from the CDS archive and skips C2: a restart costs about half.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", test_spark_submit_opts())
+
 pytest_plugins = ["fixtures_kafka", "fixtures_clickhouse", "fixtures_kube", "fixtures_jvm_ops", "fixtures_images",
                   "fixtures_security", "fixtures_cluster"]
