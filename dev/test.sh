@@ -8,7 +8,9 @@ start=$(date +%s)
 # The import contracts in pyproject.toml ([tool.importlinter]) first: a broken one fails the run (set -e).
 PYTHONPATH="$GP_ROOT/operator:$GP_ROOT/sparkapp:$GP_ROOT/dev" "$GP_VENV/bin/lint-imports" --no-cache
 set +e
-"$GP_VENV/bin/python" -m pytest -p no:cacheprovider "$@"
+# Two workers (pytest-xdist): a Spark test keeps about one core busy, so two in parallel fill the
+# two-core box. Tests marked xdist_group("node") share one worker and so one node cluster.
+"$GP_VENV/bin/python" -m pytest -p no:cacheprovider -n "${GLASSPIPE_TEST_WORKERS:-2}" --dist loadgroup "$@"
 rc=$?
 set -e
 gp_log "tests took $(( $(date +%s) - start )) s (exit $rc)"

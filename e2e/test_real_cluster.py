@@ -42,7 +42,8 @@ from operator_harness import Operator, wait_for
 from test_full_path import Clock, assert_exact, batch
 
 # Image imports, spark-submit and Spark start-up in pods: 25-35 min on the loaded 2-core machine.
-pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.timeout(3600)]
+# The same worker as tests/integration/test_smoke_cluster.py: one node cluster per run.
+pytestmark = [pytest.mark.e2e, pytest.mark.real_cluster, pytest.mark.timeout(3600), pytest.mark.xdist_group("node")]
 
 NAME = "sms-dedup"
 RELEASE = "gp"

@@ -13,7 +13,8 @@ import pytest
 from fixtures_cluster import import_project_image
 from glasspipe_dev.cluster import NODE_NAME, Cluster, PodNetwork
 
-pytestmark = pytest.mark.integration
+# One worker owns the node cluster (dev/test.sh: pytest-xdist --dist loadgroup): it starts once.
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
 
 
 def _namespace(cluster: Cluster) -> str:
