@@ -17,12 +17,49 @@ if [ -n "${HADOOP_CONF_DIR:-}" ]; then classpath="$HADOOP_CONF_DIR:$classpath"; 
 if [ -n "${SPARK_EXTRA_CLASSPATH:-}" ]; then classpath="$classpath:$SPARK_EXTRA_CLASSPATH"; fi
 if [ -n "${SPARK_DIST_CLASSPATH:-}" ]; then classpath="$classpath:$SPARK_DIST_CLASSPATH"; fi
 
+# The job's Python process: the child of the driver JVM whose command line names the job's main file.
+job_python() {
+  local pid stat rest
+  for pid in /proc/[0-9]*; do
+    pid="${pid#/proc/}"
+    stat="$(cat "/proc/$pid/stat" 2>/dev/null)" || continue
+    rest="${stat##*) }"   # after "pid (comm) ": state ppid ...
+    # shellcheck disable=SC2086  # split on purpose
+    set -- $rest
+    if [ "${2:-}" = "$JVM_PID" ] && grep -qa "glasspipe_job/main.py" "/proc/$pid/cmdline" 2>/dev/null; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+
 case "${1:-}" in
   driver)
     shift
-    set -- "$SPARK_HOME/bin/spark-submit" \
+    exec /usr/bin/tini -s -- bash "$0" supervise-driver "$SPARK_HOME/bin/spark-submit" \
       --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS:?is set by Spark on a driver pod}" \
       --deploy-mode client "$@"
+    ;;
+  supervise-driver)
+    # SIGTERM (driver pod deleted, podman stop) goes to the job's Python, not the JVM: the job finishes
+    # the micro-batch in flight, stops its query and exits, and the JVM follows. Sent to the JVM, Spark's
+    # shutdown hook would stop the SparkContext under the running batch.
+    shift
+    "$@" &
+    JVM_PID=$!
+    on_term() {
+      local target
+      target="$(job_python)" || target="$JVM_PID"   # no job Python yet: the JVM has nothing to finish
+      kill -TERM "$target" 2>/dev/null || true
+    }
+    trap on_term TERM INT
+    while :; do
+      rc=0
+      wait "$JVM_PID" || rc=$?
+      kill -0 "$JVM_PID" 2>/dev/null || break
+    done
+    exit "$rc"
     ;;
   executor)
     shift

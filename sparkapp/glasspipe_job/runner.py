@@ -36,6 +36,7 @@ log = logging.getLogger("glasspipe.job")
 
 PARTITION_CHECK_SECONDS = 30.0
 FENCE_CHECK_SECONDS = 10.0  # an idle stale writer notices a newer layout within this time
+STOP_DRAIN_SECONDS = 20.0  # SIGTERM: wait this long for the batch in flight (Kubernetes' grace is 30 s)
 
 
 @dataclass
@@ -225,6 +226,16 @@ def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
         raise
 
 
+def _stop_between_batches(running: RunningPipeline) -> None:
+    """Stop the query once no micro-batch is in flight: StreamingQuery.stop() interrupts a running batch,
+    which then fails in the middle of its writes (exact all the same, but noisy and replayed)."""
+    deadline = time.monotonic() + STOP_DRAIN_SECONDS
+    while running.query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    log.info("stopping the query between micro-batches (SIGTERM)")
+    running.query.stop()
+
+
 def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = False,
                  metrics_port: int = 0, stop: threading.Event | None = None) -> JobMetrics:
     """Run until the query ends (or ``stop`` is set). A continuous run restarts its query in place when
@@ -243,7 +254,7 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
             checked = fenced = time.monotonic()
             while not _await(running, 1):
                 if stop is not None and stop.is_set():
-                    running.query.stop()
+                    _stop_between_batches(running)
                     return metrics
                 if time.monotonic() - fenced >= FENCE_CHECK_SECONDS:
                     fenced = time.monotonic()
