@@ -259,4 +259,6 @@ def test_spark_image_driver_runs_the_job_exactly_once(
     assert sum(end for _, end in lag.values()) == 400 and all(c == end for c, end in lag.values()), lag
     text = log.read_text()
     assert "Traceback" not in text, text[-8000:]
+    # podman stop's SIGTERM reached the job's Python (the entrypoint), which stopped between batches
+    assert "stopping the query between micro-batches (SIGTERM)" in text, text[-8000:]
     assert json.loads(app["arguments"][1])["pipeline"] == name
