@@ -683,3 +683,39 @@ def test_the_stuck_message_fits_a_termination_message_and_is_heard_by_the_table(
     assert "mutation_0.txt" in msg and "mutation_5.txt" not in msg and "and 295 more" in msg
     assert "`db`.`t`" in msg and "(spec.sink.clickhouse.mutationTimeout is 4 s)" in msg
     assert msg.endswith("Rows of the delete are visible to readers until it finishes")
+
+
+def test_the_main_loops_fence_check_never_shares_the_connection_with_a_running_batch() -> None:
+    """The cold clean run of 2026-11-23: a batch's ledger lookup ran outside the writer lock while the main
+    loop's fence check read the ledger on the same connection ("Simultaneous queries on single
+    connection detected"), and the replica died. Now the whole batch holds the lock, from the lookup on."""
+    import threading
+
+    in_lookup, release = threading.Event(), threading.Event()
+
+    class SlowLookup(FakeClient):
+        def execute(self, query: str, params: Any = None, **kwargs: Any) -> Any:
+            if query.strip().startswith("SELECT chunks, rows FROM"):
+                in_lookup.set()
+                assert release.wait(10), "the test never released the lookup"
+            return super().execute(query, params, **kwargs)
+
+    class CountingFence:
+        checks = 0
+
+        def check(self) -> None:
+            CountingFence.checks += 1
+
+    sink = make_sink(SlowLookup("18.16.1"))
+    sink.fence = CountingFence()  # type: ignore[assignment]
+    writer = threading.Thread(target=sink.write_batch, args=(0, batch(4), "{}"))
+    writer.start()
+    assert in_lookup.wait(10)
+    sink.check_fence_between_batches()  # the batch is in its ledger lookup: skipped, no query
+    assert CountingFence.checks == 0
+    release.set()
+    writer.join(10)
+    assert not writer.is_alive()
+    checks_during_batch = CountingFence.checks  # the batch's own fence checks
+    sink.check_fence_between_batches()  # between batches: checked
+    assert CountingFence.checks == checks_during_batch + 1

@@ -127,7 +127,10 @@ class ClickHouseSink:
         self._fresh = True
         self.fence: Fence | None = None
         self.superseded: str | None = None  # why this writer stopped, once a newer one claimed its partitions
-        self._writing = threading.Lock()  # held by write_batch
+        # Held by the batch thread while it uses the ClickHouse connection (write_parts, check_fence); the
+        # main loop's check_fence_between_batches skips while it is held. One clickhouse-driver connection
+        # must never run two queries at once ("Simultaneous queries on single connection detected").
+        self._writing = threading.RLock()
 
     @property
     def mechanism(self) -> Mechanism | None:
@@ -214,13 +217,14 @@ class ClickHouseSink:
         rows of the parts before it). The parts of a replay must hold the same rows in the same part order
         (their order inside a part may differ): then every chunk is the same on every attempt. ``parts`` is
         consumed once, lazily, and not at all for a replay of a committed batch."""
-        table = self.table.open()
-        committed = table.retrying("looking up the ledger", lambda _a: self.ledger.done_entry(self.writer_id, batch_id))
-        if committed is not None:
-            log.info("batch %d of %s is in the ledger already (%d rows): replay skipped", batch_id, self.writer_id,
-                     committed[1])
-            return WriteResult(0, committed[0], True)
-        with self._writing:
+        with self._writing:  # from the ledger lookup on: the main loop's fence check shares the connection
+            table = self.table.open()
+            committed = table.retrying("looking up the ledger",
+                                       lambda _a: self.ledger.done_entry(self.writer_id, batch_id))
+            if committed is not None:
+                log.info("batch %d of %s is in the ledger already (%d rows): replay skipped", batch_id,
+                         self.writer_id, committed[1])
+                return WriteResult(0, committed[0], True)
             try:
                 if self.superseded is not None:
                     raise Superseded(self.superseded)
@@ -232,10 +236,11 @@ class ClickHouseSink:
     def check_fence(self) -> None:
         """Raise Superseded if a newer writer claimed our partitions (for what the job does besides writing
         rows, e.g. sending a batch's dead letters, which a stale writer must not repeat)."""
-        if self.superseded is not None:
-            raise Superseded(self.superseded)
-        if self.fence is not None:
-            self.fence.check()
+        with self._writing:
+            if self.superseded is not None:
+                raise Superseded(self.superseded)
+            if self.fence is not None:
+                self.fence.check()
 
     def check_fence_between_batches(self) -> None:
         """For the job's main loop, so that an idle stale writer stops too: raise Superseded if a newer writer
