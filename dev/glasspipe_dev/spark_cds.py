@@ -40,12 +40,10 @@ def _jvm_ops_jar() -> str:
 def archive_path() -> Path:
     """Where the archive for this JVM, pyspark and these jars lives (it may not exist yet)."""
     java = java_binary().resolve()
-    digest = hashlib.sha256()
-    for part in (str(java), str(java.stat().st_size), pyspark_version(), *spark_jars(), _jvm_ops_jar()):
-        digest.update(part.encode() + b"\0")
+    digest = hashlib.sha256(f"{java}\0{java.stat().st_size}\0{pyspark_version()}\0".encode())
     for jar in (*spark_jars(), _jvm_ops_jar()):
         stat = Path(jar).stat()
-        digest.update(f"{stat.st_size}:{stat.st_mtime_ns}".encode() + b"\0")
+        digest.update(f"{jar}:{stat.st_size}:{stat.st_mtime_ns}\0".encode())
     return cache_dir() / "spark-cds" / f"driver-{digest.hexdigest()[:16]}.jsa"
 
 
