@@ -36,6 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from thread_cpu import ThreadCpu
 from workload import Workload
 
 from glasspipe_dev.clickhouse import ClickHouseServer
@@ -58,8 +59,22 @@ def make_events(n: int, rate: float) -> tuple[list[tuple[bytes, bytes]], int]:
     return out, w.firsts
 
 
-def pipeline(tmp: Path, topic: str, name: str, max_rows: int, max_offsets: int) -> Path:
-    return sms_dedup_pipeline(tmp, name, topic, max_offsets=max_offsets, max_rows=max_rows, seq_field=True)
+def pipeline(tmp: Path, topic: str, name: str, max_rows: int, max_offsets: int,
+             spark_conf: dict[str, str]) -> Path:
+    return sms_dedup_pipeline(tmp, name, topic, max_offsets=max_offsets, max_rows=max_rows, seq_field=True,
+                              spark_conf=spark_conf)
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str]]:
+    """``label:key=value;key=value``: keys starting with ``spark.`` go to the pipeline's spec.spark.conf, the
+    others (e.g. ``SPARK_SUBMIT_OPTS``) to the run's environment."""
+    label, _, rest = text.partition(":")
+    conf: dict[str, str] = {}
+    env: dict[str, str] = {}
+    for item in filter(None, rest.split(";")):
+        k, _, v = item.partition("=")
+        (conf if k.startswith("spark.") else env)[k.strip()] = v.strip()
+    return label, conf, env
 
 
 def env_for(code: Path) -> dict[str, str]:
@@ -105,15 +120,16 @@ def _ts(line: str) -> float | None:
 
 
 def run_once(label: str, code: Path, tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, n: int,
-             firsts: int, args: argparse.Namespace) -> dict[str, Any]:
+             firsts: int, args: argparse.Namespace, spark_conf: dict[str, str],
+             extra_env: dict[str, str]) -> dict[str, Any]:
     name = f"bulk-{label}-{uuid.uuid4().hex[:6]}"
-    path = pipeline(tmp, topic, name, args.max_rows, args.max_offsets)
+    path = pipeline(tmp, topic, name, args.max_rows, args.max_offsets, spark_conf)
     argv = run_argv(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{name}", "--available-now")
     if args.profile:
         out = Path(args.profile) / f"{name}.txt"
         out.parent.mkdir(parents=True, exist_ok=True)
         argv = ["py-spy", "record", "--idle", "--threads", "-r", "50", "-f", "raw", "-o", str(out), "--", *argv]
-    env = env_for(code)
+    env = {**env_for(code), **extra_env}
     if args.jfr:  # every JVM of the run (the driver, which runs the local executors) records to that folder
         Path(args.jfr).mkdir(parents=True, exist_ok=True)
         env["JAVA_TOOL_OPTIONS"] = f"-XX:StartFlightRecording=settings=profile,dumponexit=true,filename={args.jfr}/"
@@ -121,8 +137,14 @@ def run_once(label: str, code: Path, tmp: Path, kafka: KafkaServer, ch: ClickHou
     servers = children()
     cpu0 = os.times()
     started = time.time()
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
-    wall = time.time() - started
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
+        with ThreadCpu(proc.pid) as threads:
+            proc.wait()
+        wall = time.time() - started
+        out.seek(0)
+        err.seek(0)
+        done = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
     reap_orphans(servers)
     cpu1 = os.times()
     if done.returncode != 0:
@@ -154,6 +176,7 @@ def run_once(label: str, code: Path, tmp: Path, kafka: KafkaServer, ch: ClickHou
           f"{sum(batch_s):5.1f} s; Spark phases s: {top}; CPU {child_cpu:6.1f} s "
           f"({child_cpu / n * 1e6:,.0f} CPU-s per M events); load {load:.1f}; "
           f"exact: {res['exact']} ({rows} rows, {distinct} keys, {firsts} first occurrences)", flush=True)
+    threads.print_summary(n)
     return res
 
 
@@ -164,6 +187,9 @@ def main() -> int:
     p.add_argument("--baseline", type=Path, help="a second code tree to compare, run alternately on the same data")
     p.add_argument("--max-rows", type=int, default=100_000, help="sink.clickhouse.batching.maxRows")
     p.add_argument("--max-offsets", type=int, default=200_000, help="kafka.maxOffsetsPerTrigger")
+    p.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE;...",
+                   help="also run this code with these settings (spark.* keys: the pipeline's spec.spark.conf; "
+                   "others: environment, e.g. SPARK_SUBMIT_OPTS), alternately on the same data; repeatable")
     p.add_argument("--profile", help="directory for py-spy's collapsed stacks of each run")
     p.add_argument("--jfr", help="directory for Java Flight Recordings of each run (JVM profile; read with "
                    "bench/profile_summary.py)")
@@ -179,11 +205,15 @@ def main() -> int:
         produce(kafka.bootstrap, topic, events)
         print(f"produced {args.events} events ({args.events - firsts} repeats) to 4 partitions in "
               f"{time.monotonic() - t:.1f} s; machine: {os.cpu_count()} cores", flush=True)
-        variants = [("this", REPO)] + ([("baseline", args.baseline.resolve())] if args.baseline else [])
-        results: dict[str, list[dict[str, Any]]] = {label: [] for label, _ in variants}
+        variants: list[tuple[str, Path, dict[str, str], dict[str, str]]] = [("this", REPO, {}, {})]
+        if args.baseline:
+            variants.append(("baseline", args.baseline.resolve(), {}, {}))
+        variants += [(label, REPO, conf, env) for label, conf, env in map(parse_variant, args.variant)]
+        results: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in variants}
         for _ in range(args.runs):
-            for label, code in variants:
-                results[label].append(run_once(label, code, tmp, kafka, ch, topic, args.events, firsts, args))
+            for label, code, conf, env in variants:
+                results[label].append(run_once(label, code, tmp, kafka, ch, topic, args.events, firsts, args,
+                                               conf, env))
         for label, rs in results.items():
             walls = sorted(r["wall"] for r in rs)
             print(f"{label}: median wall {walls[len(walls) // 2]:.1f} s over {len(rs)} run(s)")
