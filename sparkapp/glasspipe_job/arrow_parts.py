@@ -1,10 +1,13 @@
 """A micro-batch taken to the driver one Spark partition at a time, as Arrow (``df.toArrow()`` would gather the
 whole batch in the driver's heap at once: the catch-up of a long backlog ran out of memory).
 
-Each partition is one Spark job over the same RDD (``PythonRDD.runJob``): the stages before the last shuffle
-run once, the last stage once per partition, so every row is computed once, as with a single collect. A
-partition's content does not depend on the order tasks finish in: the same batch replayed gives the same
-partitions with the same rows (the order of rows inside a partition may differ; the sink sorts them).
+Each part is one Spark job over the same RDD (``PythonRDD.runJob``): the stages before the last shuffle run
+once, the last stage once per part, so every row is computed once, as with a single collect. A part is one
+Spark partition, or several consecutive ones when the batch is known to be small enough
+(``partitions_per_part``): one job per partition runs a small batch's stateful tasks one after another, and
+their fixed cost (state store load and commit, ~200 ms each) was most of a small batch's latency. A part's
+content does not depend on the order tasks finish in: the same batch replayed gives the same parts with the
+same rows (the order of rows inside a part may differ; the sink sorts them).
 """
 
 from __future__ import annotations
@@ -24,17 +27,32 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
                            prefers_large_types=large)
 
 
-def arrow_partitions(df: DataFrame) -> Iterator[pa.Table]:
-    """The rows of ``df``, one Arrow table per Spark partition, in partition order; only the partition being
-    read is held in the driver (plus what the caller keeps)."""
+def partitions_per_part(batch_rows: int | None, rows_per_part: int, partitions: int) -> int:
+    """How many consecutive Spark partitions one part (one job, held in the driver at once) takes: as many as
+    keep a part's expected rows (``batch_rows`` spread evenly) within ``rows_per_part``, the rows the driver
+    may hold at once; 1 when the batch's size is unknown. Pure: a replay with the same offsets and bound
+    gets the same parts."""
+    if batch_rows is None or partitions <= 1:
+        return 1
+    if batch_rows <= rows_per_part:
+        return partitions
+    return max(1, min(partitions, rows_per_part * partitions // batch_rows))
+
+
+def arrow_partitions(df: DataFrame, batch_rows: int | None = None, rows_per_part: int = 0) -> Iterator[pa.Table]:
+    """The rows of ``df``, one Arrow table per part (``partitions_per_part`` consecutive Spark partitions, one
+    without ``batch_rows``), in partition order; only the part being read is held in the driver (plus what
+    the caller keeps)."""
     spark = df.sparkSession
     sc = spark.sparkContext
     jvm = sc._jvm
     assert jvm is not None
     schema = arrow_schema(df)
     rdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, per partition
-    for index in range(rdd.getNumPartitions()):
-        sock = jvm.PythonRDD.runJob(sc._jsc.sc(), rdd, [index])
+    n = rdd.getNumPartitions()
+    step = partitions_per_part(batch_rows, rows_per_part, n)
+    for first in range(0, n, step):
+        sock = jvm.PythonRDD.runJob(sc._jsc.sc(), rdd, list(range(first, min(first + step, n))))
         with _load_from_socket(sock, NoOpSerializer()) as stream:
             batches = [pa.ipc.read_record_batch(pa.py_buffer(b), schema) for b in stream]
         yield pa.Table.from_batches(batches, schema=schema)

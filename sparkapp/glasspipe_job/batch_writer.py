@@ -33,7 +33,7 @@ from glasspipe_job.arrow_parts import arrow_partitions
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
-from glasspipe_job.handover import CheckpointFiles
+from glasspipe_job.handover import CheckpointFiles, merge_offsets, records_between
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
 from glasspipe_job.transform import (
@@ -110,8 +110,12 @@ class BatchWriter:
     """The ``foreachBatch`` function of one pipeline replica."""
 
     def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
-                 groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str) -> None:
+                 groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, rows_per_part: int = 0) -> None:
+        """``rows_per_part``: rows the driver may hold at once; a batch known to be smaller is taken in fewer,
+        larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a join, whose output
+        may outgrow its input)."""
         self.config = config
+        self.rows_per_part = rows_per_part
         self.sink = sink
         self.dead_letters = dead_letters
         self.groups = groups
@@ -132,9 +136,11 @@ class BatchWriter:
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
-        offsets = CheckpointFiles(df.sparkSession, self.checkpoint).offset_log(batch_id)
+        files = CheckpointFiles(df.sparkSession, self.checkpoint)
+        offsets = files.offset_log(batch_id)
         seen = _BatchCounts()
-        result = self.sink.write_parts(batch_id, self._kept_parts(df, seen), json.dumps(offsets, sort_keys=True))
+        parts = self._kept_parts(df, seen, self._batch_records(files, batch_id, offsets))
+        result = self.sink.write_parts(batch_id, parts, json.dumps(offsets, sort_keys=True))
         if result.skipped_replay:
             # Committed before a crash (its dead letters were sent before that): nothing is sent or written
             # again, but the plan still runs so that Spark's state moves to this batch's version.
@@ -162,12 +168,19 @@ class BatchWriter:
                  result.rows_written, seen.duplicates, seen.dead, " (replay: already committed)"
                  if result.skipped_replay else "", seen.parts, time.monotonic() - started)
 
-    def _kept_parts(self, df: DataFrame, seen: _BatchCounts) -> Iterator[pa.Table]:
-        """The batch's rows to write, one Spark partition at a time (arrow_parts.py): the driver holds one
-        partition, never the whole batch. Each partition's dead letters are sent (and flushed) before its
-        rows are handed to the sink, after a check of the fence: a stale writer woken after a newer layout
-        took over stops before it sends them again."""
-        for table in arrow_partitions(self.collected(df)):
+    def _batch_records(self, files: CheckpointFiles, batch_id: int,
+                       offsets: list[dict[str, dict[str, int]]]) -> int | None:
+        """Kafka records in this batch, from its offset log entry and the previous one; None when unknown."""
+        if self.rows_per_part <= 0 or batch_id == 0 or not files.exists(f"offsets/{batch_id - 1}"):
+            return None
+        return records_between(merge_offsets(files.offset_log(batch_id - 1)), merge_offsets(offsets))
+
+    def _kept_parts(self, df: DataFrame, seen: _BatchCounts, batch_records: int | None) -> Iterator[pa.Table]:
+        """The batch's rows to write, a part at a time (arrow_parts.py): the driver holds one part, never a
+        larger batch. Each part's dead letters are sent (and flushed) before its rows are handed to the sink,
+        after a check of the fence: a stale writer woken after a newer layout took over stops before it sends
+        them again."""
+        for table in arrow_partitions(self.collected(df), batch_records, self.rows_per_part):
             seen.parts += 1
             dead, kept, duplicates = self.split(table)
             if dead.num_rows:

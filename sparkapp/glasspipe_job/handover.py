@@ -88,6 +88,19 @@ def merge_offsets(entries: Iterable[Mapping[str, Mapping[Any, int]] | None]) -> 
     return out
 
 
+def records_between(start: Offsets, end: Offsets) -> int | None:
+    """Kafka records from ``start`` to ``end`` (a micro-batch's offset range); None when a partition of ``end``
+    has no start (its size is unknown)."""
+    total = 0
+    for topic, parts in end.items():
+        for p, off in parts.items():
+            begin = start.get(topic, {}).get(p)
+            if begin is None:
+                return None
+            total += max(0, off - begin)
+    return total
+
+
 def _batch_offsets(offsets_json: str) -> Offsets:
     """The offsets a ledger row records: a list (one entry per source) of {topic: {partition: offset}}."""
     try:

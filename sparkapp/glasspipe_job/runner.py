@@ -30,7 +30,14 @@ from glasspipe_job.join import JOIN_STATE_PLAN, build_join_stream, join_sides
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
-from glasspipe_job.transform import parse_and_check, read_kafka, select_output, source_rows, with_warmup_flag
+from glasspipe_job.transform import (
+    batch_bound,
+    parse_and_check,
+    read_kafka,
+    select_output,
+    source_rows,
+    with_warmup_flag,
+)
 
 log = logging.getLogger("glasspipe.job")
 
@@ -197,8 +204,12 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     if dl.bootstrap_servers:
         dl_conf = {**dl_conf, "bootstrap.servers": dl.bootstrap_servers}
     metrics = metrics or JobMetrics(config.pipeline, config.replica)
+    # Rows the driver may hold at once: a partition of the largest batch (transform.read_kafka). A join's output
+    # may outgrow its input, so its batches always go one Spark partition at a time.
+    rows_per_part = (0 if spec.join is not None else
+                     models.records_per_partition(batch_bound(config, spec.sources[0], driver_heap_bytes(spark))))
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
-                         [a.group for a in assignments], metrics, config.checkpoint_dir)
+                         [a.group for a in assignments], metrics, config.checkpoint_dir, rows_per_part)
     stream = (out.writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:

@@ -113,6 +113,9 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
     reader = reader.option("startingOffsets", starting_offsets or source.kafka.starting_offsets)
     reader = reader.option("failOnDataLoss", "true").option("includeHeaders", "false")
     bound = batch_bound(config, source, driver_heap)
+    if source.kafka.max_offsets_per_trigger is None:
+        log.info("source %s: at most %d records per micro-batch (driver max heap %d MiB; set "
+                 "kafka.maxOffsetsPerTrigger to change it)", source.name, bound, driver_heap >> 20)
     reader = reader.option("maxOffsetsPerTrigger", str(bound))
     # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition
     # holds more than an eighth of the batch, however few Kafka partitions the records come from.
@@ -125,10 +128,7 @@ def batch_bound(config: JobConfig, source: models.Source, heap: int) -> int:
     heap (models.derived_max_offsets_per_trigger; docs/operations.md "Catching up")."""
     if source.kafka.max_offsets_per_trigger is not None:
         return source.kafka.max_offsets_per_trigger
-    bound = models.derived_max_offsets_per_trigger(heap, len(config.spec.sources))
-    log.info("source %s: at most %d records per micro-batch (driver max heap %d MiB; set "
-             "kafka.maxOffsetsPerTrigger to change it)", source.name, bound, heap >> 20)
-    return bound
+    return models.derived_max_offsets_per_trigger(heap, len(config.spec.sources))
 
 
 def _json(obj: Any) -> str:
