@@ -36,9 +36,9 @@ from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
 POLL_S = 0.1
 
 
-def pipeline_file(tmp: Path, topic: str, table: str, trigger: str) -> Path:
+def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str]) -> Path:
     return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=100_000, max_delay=trigger,
-                              seq_field=True)
+                              seq_field=True, spark_conf=spark_conf)
 
 
 class Poller(threading.Thread):
@@ -103,12 +103,12 @@ def batch_phases(log: Path, first: int) -> dict[str, float]:
 
 
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
-            warmup: float) -> None:
+            warmup: float, spark_conf: dict[str, str]) -> None:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
-    path = pipeline_file(tmp, topic, table, trigger)
+    path = pipeline_file(tmp, topic, table, trigger, spark_conf)
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
                            tmp / f"{table}.log")
     try:
@@ -148,10 +148,14 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
     p.add_argument("--warmup", type=float, default=20, help="seconds of a slow stream before measuring")
+    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark setting for the pipeline's spec.spark.conf (e.g. spark.eventLog.enabled=true); "
+                   "repeatable")
     args = p.parse_args()
+    spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
         for rate in (float(r) for r in args.rates.split(",")):
-            measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup)
+            measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup, spark_conf)
 
 
 if __name__ == "__main__":
