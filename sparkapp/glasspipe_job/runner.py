@@ -210,7 +210,7 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
                      models.records_per_partition(batch_bound(config, spec.sources[0], driver_heap_bytes(spark))))
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
                          [a.group for a in assignments], metrics, config.checkpoint_dir, rows_per_part)
-    stream = (out.writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
+    stream = (writer.collected(out).writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:
         stream = stream.trigger(availableNow=True)
