@@ -23,6 +23,7 @@ import time
 import uuid
 from datetime import UTC
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -50,6 +51,7 @@ class Poller(threading.Thread):
         self.low = 0  # every seq <= low has been seen
         self.above: set[int] = set()
         self.latencies: list[float] = []
+        self.sent: list[float] = []  # sent_at of each latency, to see whether latency grew over the run
         self.rows = 0
         self.stop = threading.Event()
 
@@ -66,7 +68,9 @@ class Poller(threading.Thread):
                     continue
                 self.above.add(seq)
                 self.rows += 1
-                self.latencies.append(seen - sent_at.replace(tzinfo=UTC).timestamp())
+                sent = sent_at.replace(tzinfo=UTC).timestamp()
+                self.latencies.append(seen - sent)
+                self.sent.append(sent)
             while self.low + 1 in self.above:
                 self.low += 1
                 self.above.discard(self.low)
@@ -102,8 +106,20 @@ def batch_phases(log: Path, first: int) -> dict[str, float]:
     return out
 
 
+def trend(sent: list[float], latencies: list[float]) -> tuple[float, float]:
+    """Median latency of the rows produced in the first and in the last fifth of the run: flat when the
+    pipeline keeps up, rising when it falls behind."""
+    if not sent:
+        return float("nan"), float("nan")
+    lo, hi = min(sent), max(sent)
+    fifth = (hi - lo) / 5
+    first = [lat for t, lat in zip(sent, latencies, strict=True) if t <= lo + fifth]
+    last = [lat for t, lat in zip(sent, latencies, strict=True) if t >= hi - fifth]
+    return percentile(first, 0.5), percentile(last, 0.5)
+
+
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
-            warmup: float, spark_conf: dict[str, str]) -> None:
+            warmup: float, warmup_rate: float, spark_conf: dict[str, str]) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
@@ -113,17 +129,21 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                            tmp / f"{table}.log")
     try:
         workload = Workload(seed=int(rate))
-        produce_at_rate(kafka.bootstrap, topic, workload, 50, warmup)  # Spark starts and runs its first batches
+        # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
+        produce_at_rate(kafka.bootstrap, topic, workload, warmup_rate, warmup)
         poller = Poller(ch, table)
         poller.start()
         while poller.rows < workload.firsts and job.alive():
             time.sleep(0.2)
         poller.latencies.clear()
+        poller.sent.clear()
         first_batch = last_batch(tmp / f"{table}.log") + 1
         got = produce_at_rate(kafka.bootstrap, topic, workload, rate, seconds)
+        produced_at = time.monotonic()
         deadline = time.monotonic() + 120
         while poller.rows < workload.firsts and time.monotonic() < deadline and job.alive():
             time.sleep(0.2)
+        drained = time.monotonic() - produced_at
         poller.stop.set()
         poller.join()
         rows, distinct = ch.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
@@ -136,8 +156,15 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
               f"p99 {percentile(lat, 0.99):.2f} s, "
               f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
               f"{workload.firsts} first occurrences)", flush=True)
+        early, late = trend(poller.sent, lat)
+        print(f"  median latency of the first fifth {early:.2f} s, of the last fifth {late:.2f} s; all landed "
+              f"{drained:.1f} s after the last event was produced", flush=True)
         print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
+        return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "trigger": trigger,
+                "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
+                "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
+                "last_fifth": late, "drained": drained, "phases_ms": phases}
     finally:
         job.stop(timeout=60)
 
@@ -147,7 +174,11 @@ def main() -> None:
     p.add_argument("--rates", default="1000,10000", help="offered events/s, comma-separated")
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
-    p.add_argument("--warmup", type=float, default=20, help="seconds of a slow stream before measuring")
+    p.add_argument("--warmup", type=float, default=20, help="seconds of a warm-up stream before measuring")
+    p.add_argument("--warmup-rate", type=float, default=50,
+                   help="events/s of the warm-up stream (offer the measured rate to measure a warmed-up JVM)")
+    p.add_argument("--json", type=Path, help="append each rate's figures to this file, one JSON object a line "
+                   "(bench/plot.py reads it)")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the pipeline's spec.spark.conf (e.g. spark.eventLog.enabled=true); "
                    "repeatable")
@@ -155,7 +186,11 @@ def main() -> None:
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
         for rate in (float(r) for r in args.rates.split(",")):
-            measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup, spark_conf)
+            res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup, args.warmup_rate,
+                          spark_conf)
+            if args.json:
+                with args.json.open("a") as out:
+                    out.write(json.dumps({"bench": "freshness", **res}) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,89 @@
+"""PNG plots of the figures the benchmarks append to a JSON-lines file (``--json``): throughput against offered
+rate and latency percentiles against offered rate (bench/freshness.py). Needs matplotlib, which the job and
+the tests do not: ``pip install matplotlib`` (or ``pip install -e '.[bench]'``).
+
+    python bench/freshness.py --rates 1000,5000,10000 --json /tmp/fresh.jsonl
+    python bench/plot.py /tmp/fresh.jsonl --out docs/img
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def load(paths: list[Path]) -> list[dict[str, Any]]:
+    rows = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def delivered_rate(r: dict[str, Any]) -> float:
+    """Events the pipeline took in per second: all of them over the time until the last one landed."""
+    return r["offered"] * r["seconds"] / (r["seconds"] + r["drained"])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("files", type=Path, nargs="+")
+    p.add_argument("--out", type=Path, default=Path("docs/img"))
+    p.add_argument("--label", default="", help="added to the plot titles (e.g. the commit)")
+    args = p.parse_args()
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench/plot.py needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return 2
+    series: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for r in load(args.files):
+        if r.get("bench") == "freshness":
+            series[f"warm-up at {r['warmup_rate']:.0f} ev/s"].append(r)
+    if not series:
+        print("no freshness figures in the files", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = f" ({args.label})" if args.label else ""
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    top = 0.0
+    for name, rs in series.items():
+        rs.sort(key=lambda r: r["offered"])
+        ax.plot([r["offered"] for r in rs], [delivered_rate(r) for r in rs], "o-", label=name)
+        top = max(top, *(r["offered"] for r in rs))
+    ax.plot([0, top], [0, top], "k:", label="offered = delivered")
+    ax.set_xlabel("offered events/s")
+    ax.set_ylabel("delivered events/s (all events / time until the last landed)")
+    ax.set_title("glasspipe dedup pipeline: throughput vs offered rate" + suffix, fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(args.out / "throughput-vs-offered.png", dpi=100)
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for name, rs in series.items():
+        for q, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
+            ax.plot([r["offered"] for r in rs], [r[q] for r in rs], style, label=f"{q}, {name}")
+    ax.set_xlabel("offered events/s")
+    ax.set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
+    ax.set_yscale("log")
+    ax.set_title("glasspipe dedup pipeline: latency percentiles" + suffix, fontsize=9)
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    fig.savefig(args.out / "latency-vs-offered.png", dpi=100)
+    print(f"wrote {args.out / 'throughput-vs-offered.png'} and {args.out / 'latency-vs-offered.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
