@@ -3,7 +3,7 @@ whole batch in the driver's heap at once: the catch-up of a long backlog ran out
 
 Each part is one Spark job over the same RDD (``PythonRDD.runJob``): the stages before the last shuffle run
 once, the last stage once per part, so every row is computed once, as with a single collect. A part is one
-Spark partition, or several consecutive ones when the batch is known to be small enough
+Spark partition, or several consecutive ones when the batch is known to be smaller than the largest one
 (``partitions_per_part``): one job per partition runs a small batch's stateful tasks one after another, and
 their fixed cost (state store load and commit, ~200 ms each) was most of a small batch's latency. A part's
 content does not depend on the order tasks finish in: the same batch replayed gives the same parts with the
@@ -27,19 +27,18 @@ def arrow_schema(df: DataFrame) -> pa.Schema:
                            prefers_large_types=large)
 
 
-def partitions_per_part(batch_rows: int | None, rows_per_part: int, partitions: int) -> int:
-    """How many consecutive Spark partitions one part (one job, held in the driver at once) takes: as many as
-    keep a part's expected rows (``batch_rows`` spread evenly) within ``rows_per_part``, the rows the driver
-    may hold at once; 1 when the batch's size is unknown. Pure: a replay with the same offsets and bound
-    gets the same parts."""
+def partitions_per_part(batch_rows: int | None, batch_bound: int, partitions: int) -> int:
+    """How many consecutive Spark partitions one part (one job, held in the driver at once) takes: a part is
+    expected to hold no more rows than one partition of a full batch (``batch_bound`` records spread over
+    ``partitions``), which is what the driver held before, one partition at a time. So a batch of
+    ``batch_rows`` takes ``batch_bound // batch_rows`` partitions a part; 1 when its size is unknown. Pure: a
+    replay with the same offsets and bound gets the same parts."""
     if batch_rows is None or partitions <= 1:
         return 1
-    if batch_rows <= rows_per_part:
-        return partitions
-    return max(1, min(partitions, rows_per_part * partitions // batch_rows))
+    return max(1, min(partitions, batch_bound // max(batch_rows, 1)))
 
 
-def arrow_partitions(df: DataFrame, batch_rows: int | None = None, rows_per_part: int = 0) -> Iterator[pa.Table]:
+def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: int = 0) -> Iterator[pa.Table]:
     """The rows of ``df``, one Arrow table per part (``partitions_per_part`` consecutive Spark partitions, one
     without ``batch_rows``), in partition order; only the part being read is held in the driver (plus what
     the caller keeps)."""
@@ -50,7 +49,7 @@ def arrow_partitions(df: DataFrame, batch_rows: int | None = None, rows_per_part
     schema = arrow_schema(df)
     rdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, per partition
     n = rdd.getNumPartitions()
-    step = partitions_per_part(batch_rows, rows_per_part, n)
+    step = partitions_per_part(batch_rows, batch_bound, n)
     for first in range(0, n, step):
         sock = jvm.PythonRDD.runJob(sc._jsc.sc(), rdd, list(range(first, min(first + step, n))))
         with _load_from_socket(sock, NoOpSerializer()) as stream:

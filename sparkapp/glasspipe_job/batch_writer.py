@@ -110,12 +110,12 @@ class BatchWriter:
     """The ``foreachBatch`` function of one pipeline replica."""
 
     def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
-                 groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, rows_per_part: int = 0) -> None:
-        """``rows_per_part``: rows the driver may hold at once; a batch known to be smaller is taken in fewer,
-        larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a join, whose output
-        may outgrow its input)."""
+                 groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, batch_bound: int = 0) -> None:
+        """``batch_bound``: the records of the largest batch (maxOffsetsPerTrigger); a batch known to be smaller
+        is taken in fewer, larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a
+        join, whose output may outgrow its input)."""
         self.config = config
-        self.rows_per_part = rows_per_part
+        self.batch_bound = batch_bound
         self.sink = sink
         self.dead_letters = dead_letters
         self.groups = groups
@@ -171,7 +171,7 @@ class BatchWriter:
     def _batch_records(self, files: CheckpointFiles, batch_id: int,
                        offsets: list[dict[str, dict[str, int]]]) -> int | None:
         """Kafka records in this batch, from its offset log entry and the previous one; None when unknown."""
-        if self.rows_per_part <= 0 or batch_id == 0 or not files.exists(f"offsets/{batch_id - 1}"):
+        if self.batch_bound <= 0 or batch_id == 0 or not files.exists(f"offsets/{batch_id - 1}"):
             return None
         return records_between(merge_offsets(files.offset_log(batch_id - 1)), merge_offsets(offsets))
 
@@ -180,7 +180,7 @@ class BatchWriter:
         larger batch. Each part's dead letters are sent (and flushed) before its rows are handed to the sink,
         after a check of the fence: a stale writer woken after a newer layout took over stops before it sends
         them again."""
-        for table in arrow_partitions(df, batch_records, self.rows_per_part):
+        for table in arrow_partitions(df, batch_records, self.batch_bound):
             seen.parts += 1
             dead, kept, duplicates = self.split(table)
             if dead.num_rows:

@@ -204,12 +204,11 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     if dl.bootstrap_servers:
         dl_conf = {**dl_conf, "bootstrap.servers": dl.bootstrap_servers}
     metrics = metrics or JobMetrics(config.pipeline, config.replica)
-    # Rows the driver may hold at once: a partition of the largest batch (transform.read_kafka). A join's output
-    # may outgrow its input, so its batches always go one Spark partition at a time.
-    rows_per_part = (0 if spec.join is not None else
-                     models.records_per_partition(batch_bound(config, spec.sources[0], driver_heap_bytes(spark))))
+    # The largest batch (transform.read_kafka): smaller ones reach the driver in fewer parts. A join's output may
+    # outgrow its input, so its batches always go one Spark partition at a time.
+    bound = 0 if spec.join is not None else batch_bound(config, spec.sources[0], driver_heap_bytes(spark))
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
-                         [a.group for a in assignments], metrics, config.checkpoint_dir, rows_per_part)
+                         [a.group for a in assignments], metrics, config.checkpoint_dir, bound)
     stream = (writer.collected(out).writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:

@@ -10,22 +10,23 @@ pytestmark = pytest.mark.unit
 
 
 def test_a_batch_of_unknown_size_goes_one_spark_partition_at_a_time() -> None:
-    assert partitions_per_part(None, 8_192, 4) == 1
+    assert partitions_per_part(None, 233_016, 4) == 1
 
 
-def test_a_batch_the_driver_may_hold_whole_is_one_part() -> None:
-    assert partitions_per_part(1_500, 8_192, 4) == 4
-    assert partitions_per_part(8_192, 8_192, 4) == 4
+def test_a_small_batch_is_one_part() -> None:
+    assert partitions_per_part(1_500, 233_016, 4) == 4
+    assert partitions_per_part(58_254, 233_016, 4) == 4  # a quarter of the bound: one partition of a full batch
 
 
-def test_a_larger_batch_takes_as_many_partitions_as_keep_a_part_within_the_bound() -> None:
-    assert partitions_per_part(16_384, 8_192, 4) == 2  # 4,096 rows expected per partition
-    assert partitions_per_part(20_000, 8_192, 4) == 1
-    assert partitions_per_part(65_536, 8_192, 4) == 1  # a full batch of the memory test: as before
+def test_a_larger_batch_takes_as_many_partitions_as_one_partition_of_a_full_batch_holds() -> None:
+    assert partitions_per_part(60_000, 233_016, 4) == 3  # 45,000 rows expected a part, 58,254 before
+    assert partitions_per_part(120_000, 233_016, 4) == 1
+    assert partitions_per_part(65_536, 65_536, 4) == 1  # a full batch of the memory test: as before
 
 
 def test_a_single_partition_is_one_part_whatever_the_size() -> None:
     assert partitions_per_part(10**9, 1, 1) == 1
+    assert partitions_per_part(0, 1_000, 1) == 1
 
 
 def test_records_between_two_offset_logs() -> None:
