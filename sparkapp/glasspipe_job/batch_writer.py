@@ -116,6 +116,7 @@ class BatchWriter:
         join, whose output may outgrow its input)."""
         self.config = config
         self.batch_bound = batch_bound
+        self._last_offsets: tuple[int, list[dict[str, dict[str, int]]]] | None = None  # batch id, its offset log
         self.sink = sink
         self.dead_letters = dead_letters
         self.groups = groups
@@ -170,10 +171,18 @@ class BatchWriter:
 
     def _batch_records(self, files: CheckpointFiles, batch_id: int,
                        offsets: list[dict[str, dict[str, int]]]) -> int | None:
-        """Kafka records in this batch, from its offset log entry and the previous one; None when unknown."""
-        if self.batch_bound <= 0 or batch_id == 0 or not files.exists(f"offsets/{batch_id - 1}"):
+        """Kafka records in this batch, from its offset log entry and the previous one (kept from the previous
+        call, else read); None when unknown."""
+        previous, self._last_offsets = self._last_offsets, (batch_id, offsets)
+        if self.batch_bound <= 0 or batch_id == 0:
             return None
-        return records_between(merge_offsets(files.offset_log(batch_id - 1)), merge_offsets(offsets))
+        if previous is not None and previous[0] == batch_id - 1:
+            before = previous[1]
+        elif files.exists(f"offsets/{batch_id - 1}"):
+            before = files.offset_log(batch_id - 1)
+        else:
+            return None
+        return records_between(merge_offsets(before), merge_offsets(offsets))
 
     def _kept_parts(self, df: DataFrame, seen: _BatchCounts, batch_records: int | None) -> Iterator[pa.Table]:
         """The batch's rows to write, a part at a time (arrow_parts.py): the driver holds one part, never a

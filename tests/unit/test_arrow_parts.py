@@ -37,3 +37,35 @@ def test_records_between_two_offset_logs() -> None:
 
 def test_a_partition_without_a_start_makes_the_size_unknown() -> None:
     assert records_between({"t": {0: 10}}, {"t": {0: 15, 1: 3}}) is None
+
+
+class _OffsetLog:
+    """Stands in for handover.CheckpointFiles: the offset log entries of a checkpoint, counting reads."""
+
+    def __init__(self, entries: dict[int, list[dict[str, dict[str, int]]]]) -> None:
+        self.entries = entries
+        self.reads: list[int] = []
+
+    def exists(self, rel: str) -> bool:
+        return int(rel.split("/")[1]) in self.entries
+
+    def offset_log(self, batch_id: int) -> list[dict[str, dict[str, int]]]:
+        self.reads.append(batch_id)
+        return self.entries[batch_id]
+
+
+def test_the_writer_sizes_a_batch_from_the_previous_offsets_it_saw_and_reads_them_only_when_it_did_not() -> None:
+    from types import SimpleNamespace
+    from typing import Any
+
+    from glasspipe_job.batch_writer import BatchWriter
+
+    log = _OffsetLog({4: [{"t": {"0": 100}}], 5: [{"t": {"0": 160}}], 6: [{"t": {"0": 200}}]})
+    no: Any = None
+    writer = BatchWriter(SimpleNamespace(columns=[]), no, no, [], no, "ckpt", batch_bound=1_000)
+    assert writer._batch_records(log, 5, log.entries[5]) == 60
+    assert log.reads == [4]  # a restarted writer reads the previous entry
+    assert writer._batch_records(log, 6, log.entries[6]) == 40
+    assert log.reads == [4]  # the next batch uses what the writer saw
+    assert BatchWriter(SimpleNamespace(columns=[]), no, no, [], no, "ckpt", 1_000)._batch_records(
+        log, 9, [{"t": {"0": 300}}]) is None
