@@ -176,7 +176,8 @@ def main() -> None:
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
     p.add_argument("--warmup", type=float, default=20, help="seconds of a warm-up stream before measuring")
     p.add_argument("--warmup-rate", type=float, default=50,
-                   help="events/s of the warm-up stream (offer the measured rate to measure a warmed-up JVM)")
+                   help="events/s of the warm-up stream; 0: the measured rate (a warmed-up JVM, as in a "
+                   "long-running pipeline)")
     p.add_argument("--json", type=Path, help="append each rate's figures to this file, one JSON object a line "
                    "(bench/plot.py reads it)")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
@@ -186,8 +187,8 @@ def main() -> None:
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
         for rate in (float(r) for r in args.rates.split(",")):
-            res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup, args.warmup_rate,
-                          spark_conf)
+            res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup,
+                          args.warmup_rate or rate, spark_conf)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")
