@@ -8,6 +8,7 @@ produced; Kafka appends it within milliseconds). Prints, per rate: events offere
 p95 / p99 / max latency, and whether the pipeline kept up (every first occurrence landed, exactly once).
 
     python bench/freshness.py --rates 1000,10000 --seconds 60
+    python bench/freshness.py --rates 5000 --window 8h --max-rows 5000 --trigger 10s   # the peer's load-test shape
 """
 
 from __future__ import annotations
@@ -37,9 +38,10 @@ from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
 POLL_S = 0.1
 
 
-def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str]) -> Path:
-    return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=100_000, max_delay=trigger,
-                              seq_field=True, spark_conf=spark_conf)
+def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,
+                  window: str | None) -> Path:
+    return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
+                              seq_field=True, spark_conf=spark_conf, window=window)
 
 
 class Poller(threading.Thread):
@@ -119,12 +121,13 @@ def trend(sent: list[float], latencies: list[float]) -> tuple[float, float]:
 
 
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
-            warmup: float, warmup_rate: float, spark_conf: dict[str, str]) -> dict[str, Any]:
+            warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
+            window: str | None = None) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
-    path = pipeline_file(tmp, topic, table, trigger, spark_conf)
+    path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window)
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
                            tmp / f"{table}.log")
     try:
@@ -162,6 +165,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
         return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "trigger": trigger,
+                "max_rows": max_rows, "window": window or "5m",
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases}
@@ -174,6 +178,8 @@ def main() -> None:
     p.add_argument("--rates", default="1000,10000", help="offered events/s, comma-separated")
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
+    p.add_argument("--max-rows", type=int, default=100_000, help="batching.maxRows (rows per ClickHouse INSERT)")
+    p.add_argument("--window", help="deduplication.window (default: the example's 5m); the peer's load test: 8h")
     p.add_argument("--warmup", type=float, default=20, help="seconds of a warm-up stream before measuring")
     p.add_argument("--warmup-rate", type=float, default=50,
                    help="events/s of the warm-up stream; 0: the measured rate (a warmed-up JVM, as in a "
@@ -188,7 +194,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
         for rate in (float(r) for r in args.rates.split(",")):
             res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup,
-                          args.warmup_rate or rate, spark_conf)
+                          args.warmup_rate or rate, spark_conf, args.max_rows, args.window)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")

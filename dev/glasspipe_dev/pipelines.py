@@ -33,7 +33,7 @@ def write_pipeline(doc: dict[str, Any], directory: Path, name: str = "pipeline.y
 
 def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int, max_delay: str = "1s",
                        max_offsets: int | None = None, seq_field: bool = False,
-                       spark_conf: dict[str, str] | None = None) -> Path:
+                       spark_conf: dict[str, str] | None = None, window: str | None = None) -> Path:
     """examples/sms-dedup.yaml on ``topic`` into table ``name`` (dashes as underscores), dead letters to
     ``<topic>-dlq``: the pipeline the benchmarks and soak run; ``seq_field`` adds a ``seq`` long column."""
     doc = load_example("sms-dedup.yaml")
@@ -50,6 +50,8 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
     spec["deadLetter"]["topic"] = f"{topic}-dlq"
     if spark_conf:
         spec.setdefault("spark", {}).setdefault("conf", {}).update(spark_conf)
+    if window is not None:
+        source["deduplication"]["window"] = window
     return write_pipeline(doc, directory, f"{name}.yaml")
 
 
