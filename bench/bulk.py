@@ -36,7 +36,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from thread_cpu import ThreadCpu
+from thread_cpu import ThreadCpu, process_parents
 from workload import Workload
 
 from glasspipe_dev.clickhouse import ClickHouseServer
@@ -92,16 +92,8 @@ def become_subreaper() -> None:
 
 
 def children() -> set[int]:
-    me, out = os.getpid(), set()
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                stat = Path(f"/proc/{d}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == me:
-                out.add(int(d))
-    return out
+    me = os.getpid()
+    return {pid for pid, parent in process_parents().items() if parent == me}
 
 
 def reap_orphans(keep: set[int], grace: float = 30.0) -> None:

@@ -165,7 +165,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
         return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "trigger": trigger,
-                "max_rows": max_rows, "window": window or "5m",
+                "max_rows": max_rows, "window": window,  # None: the example's
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases}

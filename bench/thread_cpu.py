@@ -26,7 +26,8 @@ GROUPS = [
 _CLK = os.sysconf("SC_CLK_TCK")
 
 
-def _descendants(root: int) -> set[int]:
+def process_parents() -> dict[int, int]:
+    """pid -> parent pid of every process now (bench/bulk.py finds its children with it too)."""
     parents: dict[int, int] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
@@ -34,6 +35,11 @@ def _descendants(root: int) -> set[int]:
                 parents[int(d)] = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
             except (OSError, ValueError, IndexError):
                 continue
+    return parents
+
+
+def _descendants(root: int) -> set[int]:
+    parents = process_parents()
     tree, grew = {root}, True
     while grew:
         grew = False
@@ -84,7 +90,7 @@ class ThreadCpu(threading.Thread):
     def by_group(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, cpu in self.seen.values():
-            group = next((g for g, marks in GROUPS if any(name.startswith(m) or m in name for m in marks)),
+            group = next((g for g, marks in GROUPS if any(m in name for m in marks)),
                          "other: " + name.rstrip("0123456789#-"))
             out[group] = out.get(group, 0.0) + cpu
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))

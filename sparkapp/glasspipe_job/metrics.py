@@ -173,11 +173,22 @@ class ProgressListener(StreamingQueryListener):
             self._java = jvm.PythonStreamingQueryListenerWrapper(_ProgressJson(self))
         return self._java
 
+    # Spark's events reach this listener through _ProgressJson as plain values; the methods of
+    # StreamingQueryListener (which it must define) hand PySpark's event objects to the same ones.
     def onQueryStarted(self, event: Any) -> None:
-        log.info("query started: id=%s run=%s", event.id, event.runId)
+        self.on_started(event.id, event.runId)
 
     def onQueryProgress(self, event: Any) -> None:
         self.on_progress_json(event.progress.json)
+
+    def onQueryIdle(self, event: Any) -> None:
+        pass
+
+    def onQueryTerminated(self, event: Any) -> None:
+        self.on_terminated(event.exception)
+
+    def on_started(self, query_id: Any, run_id: Any) -> None:
+        log.info("query started: id=%s run=%s", query_id, run_id)
 
     def on_progress_json(self, text: str) -> None:
         try:
@@ -188,12 +199,9 @@ class ProgressListener(StreamingQueryListener):
         except Exception:  # a metrics problem must never stop the stream
             log.exception("could not read query progress")
 
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:
-        if event.exception:
-            log.error("query terminated with %s", event.exception)
+    def on_terminated(self, exception: str | None) -> None:
+        if exception:
+            log.error("query terminated with %s", exception)
 
 
 class _ProgressJson:
@@ -204,7 +212,7 @@ class _ProgressJson:
         self.listener = listener
 
     def onQueryStarted(self, jevent: Any) -> None:
-        log.info("query started: id=%s run=%s", jevent.id().toString(), jevent.runId().toString())
+        self.listener.on_started(jevent.id().toString(), jevent.runId().toString())
 
     def onQueryProgress(self, jevent: Any) -> None:
         self.listener.on_progress_json(str(jevent.progress().json()))
@@ -214,8 +222,7 @@ class _ProgressJson:
 
     def onQueryTerminated(self, jevent: Any) -> None:
         exception = jevent.exception()
-        if exception.isDefined():
-            log.error("query terminated with %s", exception.get())
+        self.listener.on_terminated(str(exception.get()) if exception.isDefined() else None)
 
     class Java:
         implements = ["org.apache.spark.sql.streaming.PythonStreamingQueryListener"]
