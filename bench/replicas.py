@@ -127,16 +127,18 @@ def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, mor
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--replicas", default="1,2,3")
+    parser.add_argument("--replicas", default="1,2,3", help="replica counts to drain the topic with; '' for none")
+    parser.add_argument("--keep", type=Path, help="write the job logs and checkpoints here (kept)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp_s, KafkaServer() as kafka, ClickHouseServer() as ch:
-        tmp = Path(tmp_s)
+        tmp = args.keep or Path(tmp_s)
+        tmp.mkdir(parents=True, exist_ok=True)
         topic = "bench-sms"
         kafka.create_topic(topic, 6)
         kafka.create_topic(f"{topic}-dlq", 1)
         produce(kafka.bootstrap, topic, events(args.events, 0.2, 1))
         print(f"produced {args.events} events (20 % duplicates) to 6 partitions")
-        for n in (int(x) for x in args.replicas.split(",")):
+        for n in (int(x) for x in args.replicas.split(",") if x):
             run_replicas(tmp, kafka, ch, topic, n, args.events)
         rescale(tmp, kafka, ch, topic, max(args.events // 10, 1000))
     return 0

@@ -101,9 +101,9 @@ def make_table(config: JobConfig) -> ClickHouseTable:
 def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, owned: ho.Offsets) -> Fence:
     """Claim this replica's partitions in the ledger with a generation above every earlier claim: a writer
     of an older layout that is somehow still running sees it and stops (ledger.Fence)."""
-    generation = next_generation(rows)
-    ledger.claim(writer_id, generation, json.dumps([{t: {str(p): o for p, o in sorted(parts.items())}}
-                                                   for t, parts in sorted(owned.items())]))
+    generation = next_generation([*rows, *ledger.claims(config.writer_prefix)])
+    offsets = json.dumps([{t: {str(p): o for p, o in sorted(parts.items())}} for t, parts in sorted(owned.items())])
+    ledger.claim(config.writer_prefix, writer_id, generation, offsets)
     log.info("writer %s claims %s (generation %d)", writer_id, {t: sorted(p) for t, p in owned.items()}, generation)
     return Fence(ledger, config.writer_prefix, writer_id, generation,
                  frozenset((t, p) for t, parts in owned.items() for p in parts))
@@ -115,7 +115,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     the inputs of handover.resumable / handover.new_start and carries out what they decide. Either way the
     writer claims its partitions first (before any roll-back of a predecessor's batch)."""
     files = ho.CheckpointFiles(spark, config.checkpoint_dir)
-    rows = ledger.pipeline_rows(config.writer_prefix)
+    rows = ledger.handover_rows(config.writer_prefix)
     previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE)) if files.exists(ho.HANDOVER_FILE) else None
     owned: ho.Offsets = {}
     for a in assignments:

@@ -209,8 +209,8 @@ def test_a_paused_writer_that_wakes_after_its_successor_took_over_removes_its_ro
                 assert resume.wait(60)
 
     a = sink_with(clickhouse, table, prefix + "0of1-aaaa", 100, hook).open()
-    a_gen = next_generation(a.ledger.pipeline_rows(prefix))
-    a.ledger.claim(a.writer_id, a_gen, '[{"t":{"0":0}}]')
+    a_gen = next_generation(a.ledger.claims(prefix))
+    a.ledger.claim(prefix, a.writer_id, a_gen, '[{"t":{"0":0}}]')
     a.fence = Fence(Ledger(a.table), prefix, a.writer_id, a_gen, owned)
     a.write_batch(0, rows(0, 100), '[{"t":{"0":100}}]')
     outcome: list[BaseException | None] = []
@@ -228,9 +228,9 @@ def test_a_paused_writer_that_wakes_after_its_successor_took_over_removes_its_ro
     assert stats(clickhouse, table) == (300, 300)  # batch 0 and 2 chunks of batch 1
 
     b = sink_with(clickhouse, table, prefix + "0of2-bbbb", 100).open()
-    ledger_rows = b.ledger.pipeline_rows(prefix)
-    b_gen = next_generation(ledger_rows)
-    b.ledger.claim(b.writer_id, b_gen, '[{"t":{"0":100}}]')  # B claims before it rolls anything back
+    ledger_rows = b.ledger.handover_rows(prefix)
+    b_gen = next_generation([*ledger_rows, *b.ledger.claims(prefix)])
+    b.ledger.claim(prefix, b.writer_id, b_gen, '[{"t":{"0":100}}]')  # B claims before it rolls anything back
     start = ho.new_start(b.writer_id, ledger_rows, {"t": {0: 0}}, {}, {"t": 0})
     assert start.resume == {"t": {0: 100}} and [(w, n) for w, n, _ in start.roll_back] == [(a.writer_id, 1)]
     for w, n, o in start.roll_back:
@@ -250,3 +250,48 @@ def test_a_paused_writer_that_wakes_after_its_successor_took_over_removes_its_ro
     assert stats(clickhouse, table) == (400, 400)
     # a later successor resumes at B's progress, not at A's rolled-back batch
     assert ho.ledger_progress(b.ledger.pipeline_rows(prefix)) == {"t": {0: 400}}
+
+
+def test_a_replica_start_reads_only_the_ledger_rows_its_hand_over_decides_on(clickhouse: ClickHouseServer) -> None:
+    """A long-running pipeline's ledger holds two rows per batch. handover_rows must reach the same decisions
+    as every row (resume offsets, batches to roll back, next generation) from a handful of rows: here an
+    old writer whose newest ``done`` was rolled back (a stale writer's late ``done``), an abandoned batch,
+    claims old and new, a pipeline whose name extends this one's, and 60 000 batches of three replicas."""
+    from glasspipe_job.clickhouse.ledger import Ledger, next_generation
+
+    table = new_table()
+    prefix = f"default.long-{table}."
+    sink = sink_with(clickhouse, table, prefix + "0of3-cccc", 100).open()
+    ledger = Ledger(sink.table)
+    led = sink.table.ledger_table
+    old, other = prefix + "0of2-aaaa", prefix + "1of2-aaaa"
+    edge = [(old, 1, "claimed", '[{"t":{"0":0,"1":0}}]'), (old, 1, "pending", '[{"t":{"0":10,"1":10}}]'),
+            (old, 1, "done", '[{"t":{"0":10,"1":10}}]'), (old, 2, "pending", '[{"t":{"0":20,"1":20}}]'),
+            (old, 2, "done", '[{"t":{"0":20,"1":20}}]'), (old, 2, "rolledback", '[{"t":{"0":20,"1":20}}]'),
+            (other, 1, "claimed", '[{"t":{"2":0,"3":0}}]'), (other, 1, "pending", '[{"t":{"2":7,"3":7}}]'),
+            (other, 1, "done", '[{"t":{"2":7,"3":7}}]'), (other, 2, "pending", '[{"t":{"2":17,"3":17}}]'),
+            (f"default.long-{table}.v2.0", 9, "done", '[{"t":{"0":999}}]')]
+    sink.table.connection.client.execute(f"INSERT INTO {led} (writer, batch_id, state, offsets) VALUES", edge)
+    sink.table.connection.client.execute(
+        f"INSERT INTO {led} (writer, batch_id, chunks, rows, offsets, state) SELECT concat(%(p)s, "
+        "toString(modulo(number, 3)), 'of3-cccc'), intDiv(number, 6), 1, 100, concat('[{\"t\":{\"', "
+        "toString(modulo(number, 3) + 4), '\":', toString(intDiv(number, 6) * 100), '}}]'), "
+        "if(modulo(number, 2) = 0, 'pending', 'done') FROM numbers(360000)", {"p": prefix})
+    for writer, gen in ((prefix + "0of3-cccc", 3), (prefix + "1of3-cccc", 3), (prefix + "2of3-cccc", 3)):
+        ledger.claim(prefix, writer, gen, f'[{{"t":{{"{int(writer[-6]) + 4}":0}}}}]')
+
+    every = ledger.pipeline_rows(prefix)
+    few = ledger.handover_rows(prefix)
+    assert len(every) == len(edge) - 1 + 360_000 + 3 and len(few) < 30, len(few)
+    owned = {"t": {p: 0 for p in range(7)}}
+    assert ho.ledger_progress(few) == ho.ledger_progress(every) == {
+        "t": {0: 10, 1: 10, 2: 7, 3: 7, 4: 5_999_900, 5: 5_999_900, 6: 5_999_900}}
+    assert ho.ledger_progress(few, except_writer=prefix + "1of3-cccc") == ho.ledger_progress(
+        every, except_writer=prefix + "1of3-cccc")
+    assert ho.abandoned_batches(few, owned, "x") == ho.abandoned_batches(every, owned, "x") == [
+        (other, 2, '[{"t":{"2":17,"3":17}}]')]
+    assert next_generation(few) == next_generation(every) == 4
+    # the claims key holds the claims made through Ledger.claim only, read by primary key
+    assert sorted((w, g) for w, g, _st, _o in ledger.claims(prefix)) == [
+        (prefix + "0of3-cccc", 3), (prefix + "1of3-cccc", 3), (prefix + "2of3-cccc", 3)]
+    assert ledger.handover_rows(f"default.none-{table}.") == []

@@ -144,6 +144,23 @@ def test_claims_rank_writers_by_generation_then_id() -> None:
                          {("t", 0)}) == (3, "p.0of1-a")
 
 
+def test_a_pipelines_claims_key_and_key_range_hold_its_writers_only() -> None:
+    """The claims key is no writer id of this or any pipeline; the range [prefix, upper) holds exactly the
+    strings that start with the prefix, byte-wise as ClickHouse compares (UTF-8 included)."""
+    import re
+
+    from glasspipe_job.clickhouse.ledger import WRITER_SUFFIX_PATTERN, claims_key, prefix_upper_bound
+
+    prefix = "default.orders."
+    assert not re.match(WRITER_SUFFIX_PATTERN, claims_key(prefix)[len(prefix):])
+    upper = prefix_upper_bound(prefix).encode()
+    inside = [prefix + s for s in ("", "0", "0of3-abcdef12", "#claims", "v2.0", "\U0010ffff", "\xff\xff")]
+    outside = ["default.orders", "default.orders/", "default.ordert.", "default.orders-x.0", "e"]
+    assert all(prefix.encode() <= w.encode() < upper for w in inside)
+    assert not any(prefix.encode() <= w.encode() < upper for w in outside)
+    assert prefix_upper_bound("ns.caf\u00e9") == "ns.caf\u00ea"
+
+
 def test_a_rolled_back_batch_is_no_progress_even_if_its_writer_wrote_done_later() -> None:
     rows = [("w1", 0, "done", '[{"t":{"0":10}}]'), ("w1", 1, "pending", '[{"t":{"0":20}}]'),
             ("w1", 1, "rolledback", "[]"), ("w1", 1, "done", '[{"t":{"0":20}}]')]

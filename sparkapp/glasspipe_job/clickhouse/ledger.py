@@ -12,6 +12,11 @@ end offsets. The protocol, read together with ``glasspipe_job.handover``:
 
 With the token mechanism every ledger insert carries its own deduplication token, so a retried insert
 is stored once.
+
+The ledger gains two rows per batch and is never pruned by the job, so nothing on a hot or start-up path
+reads all of a pipeline's rows: claims are also written under one key per pipeline (``claims_key``, a
+primary-key lookup for the per-batch fence check), and a replica start reads only the rows the hand-over
+decides on (``Ledger.handover_rows``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,20 @@ CLAIMED = "claimed"
 # What follows a pipeline's writer prefix ("<namespace>.<pipeline>."): the replica ("0", before the
 # hand-over decides) or "<replica>of<replicas>-<hex>" (handover.new_writer_id).
 WRITER_SUFFIX_PATTERN = "^[0-9]+(of[0-9]+-[0-9a-f]+)?$"
+# Appended to a pipeline's writer prefix: the ledger key under which every claim of the pipeline is written
+# again, as {"writer": ..., "offsets": ...}. "#" never occurs in a writer id, so no writer owns this key and
+# WRITER_SUFFIX_PATTERN keeps its rows out of pipeline_rows (and out of the reads of earlier versions).
+CLAIMS_SUFFIX = "#claims"
+
+
+def claims_key(writer_prefix: str) -> str:
+    return f"{writer_prefix}{CLAIMS_SUFFIX}"
+
+
+def prefix_upper_bound(prefix: str) -> str:
+    """The smallest string above every string that starts with ``prefix`` (UTF-8 keeps code-point order, so
+    this holds for ClickHouse's byte-wise comparison): with ``prefix`` itself, a primary-key range."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
 class LedgerRow(NamedTuple):
@@ -112,11 +131,14 @@ class Ledger:
         )
         return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
-    def insert(self, writer_id: str, batch_id: int, chunks: int, rows: int, offsets: str, state: str = DONE) -> None:
-        """A ledger row of ``state`` (see the module docstring)."""
+    def insert(self, writer_id: str, batch_id: int, chunks: int, rows: int, offsets: str, state: str = DONE,
+               token: str | None = None) -> None:
+        """A ledger row of ``state`` (see the module docstring); ``token``: its deduplication token (token
+        mechanism) when ``writer/batch/state`` does not identify it."""
         settings: dict[str, Any] = {}
         if self.table.mechanism is Mechanism.TOKEN:
-            settings = {"insert_deduplicate": 1, "insert_deduplication_token": f"{writer_id}/{batch_id}/ledger-{state}"}
+            settings = {"insert_deduplicate": 1,
+                        "insert_deduplication_token": token or f"{writer_id}/{batch_id}/ledger-{state}"}
         self._client.execute(
             f"INSERT INTO {self.table.ledger_table} (writer, batch_id, chunks, rows, offsets, state) VALUES",
             [[writer_id], [batch_id], [chunks], [rows], [offsets], [state]],
@@ -148,20 +170,74 @@ class Ledger:
         result: LedgerEntry | None = self.table.retrying("reading the ledger", q)
         return result
 
-    def claim(self, writer_id: str, generation: int, offsets: str) -> None:
+    def claim(self, writer_prefix: str, writer_id: str, generation: int, offsets: str) -> None:
         """Announce that ``writer_id`` (generation ``generation``) writes the partitions in ``offsets`` from now
-        on: an older writer still running on any of them stops at its next check (Fence)."""
+        on: an older writer still running on any of them stops at its next check (Fence). Written as the
+        writer's own row (what writers of earlier versions check) and under the pipeline's claims key (what
+        ``claims`` reads); replicas of one layout may share a generation, so the second row's token names
+        the writer."""
         self.table.open()
-        self.table.retrying("claiming partitions in the ledger",
-                            lambda _a: self.insert(writer_id, generation, 0, 0, offsets, state=CLAIMED))
+        key = claims_key(writer_prefix)
+        indexed = json.dumps({"writer": writer_id, "offsets": json.loads(offsets)})
+
+        def write(_attempt: int) -> None:
+            self.insert(writer_id, generation, 0, 0, offsets, state=CLAIMED)
+            self.insert(key, generation, 0, 0, indexed, state=CLAIMED, token=f"{key}/{generation}/{writer_id}")
+
+        self.table.retrying("claiming partitions in the ledger", write)
 
     def claims(self, writer_prefix: str) -> list[LedgerRow]:
-        """The claims of one pipeline's writers (a few rows: one per replica start)."""
-        return self.pipeline_rows(writer_prefix, state=CLAIMED)
+        """The claims of one pipeline's writers, as (writer, generation, 'claimed', offsets): one row per
+        replica start, read by primary key (the fence check runs several times per batch)."""
+        self.table.open()
+
+        def q(_attempt: int) -> list[LedgerRow]:
+            rows = self._client.execute(
+                f"SELECT batch_id, offsets FROM {self.table.ledger_table} WHERE writer = %(k)s AND state = %(st)s",
+                {"k": claims_key(writer_prefix), "st": CLAIMED},
+            )
+            out = []
+            for gen, doc in rows:
+                loaded = json.loads(doc)
+                out.append(LedgerRow(str(loaded["writer"]), int(gen), CLAIMED, json.dumps(loaded["offsets"])))
+            return out
+
+        result: list[LedgerRow] = self.table.retrying("reading the pipeline's claims", q)
+        return result
+
+    def handover_rows(self, writer_prefix: str) -> list[LedgerRow]:
+        """The rows of one pipeline's writers that the hand-over decides on, with the same outcome as every
+        row (``handover.ledger_progress``, ``abandoned_batches``, ``next_generation``): all claims and
+        roll-backs, and per writer the rows from its newest ``done`` batch that was not rolled back. A writer
+        finishes its batches in order and its end offsets only grow, so its older rows change nothing. Two
+        small reads by primary-key range, not the whole history (which grows by two rows per batch)."""
+        self.table.open()
+        led = self.table.ledger_table
+        args = {"lo": writer_prefix, "hi": prefix_upper_bound(writer_prefix), "n": len(writer_prefix.encode()),
+                "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN}
+        in_range = "writer >= %(lo)s AND writer < %(hi)s"
+
+        def q(_attempt: int) -> list[LedgerRow]:
+            last_done = self._client.execute(
+                f"SELECT writer, maxIf(batch_id, state = 'done' AND (writer, batch_id) NOT IN (SELECT writer, batch_id "
+                f"FROM {led} WHERE {in_range} AND state = 'rolledback')) FROM {led} WHERE {in_range} GROUP BY writer "
+                "HAVING substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)", args)
+            if not last_done:
+                return []
+            writers, firsts = [str(w) for w, _ in last_done], [int(b) for _, b in last_done]
+            rows = self._client.execute(
+                f"SELECT writer, batch_id, state, offsets FROM {led} WHERE writer IN %(w)s AND (state IN "
+                "('claimed', 'rolledback') OR batch_id >= transform(writer, %(wl)s, %(bl)s, toUInt64(0)))",
+                {"w": tuple(writers), "wl": writers, "bl": firsts})
+            return [LedgerRow(str(w), int(b), str(st), str(o)) for w, b, st, o in rows]
+
+        result: list[LedgerRow] = self.table.retrying("reading the ledger", q)
+        return result
 
     def pipeline_rows(self, writer_prefix: str, state: str | None = None) -> list[LedgerRow]:
         """Every ledger row of one pipeline's writers: the prefix followed by a replica suffix only, so
-        that pipeline ``orders`` never reads the rows of ``orders.v2``."""
+        that pipeline ``orders`` never reads the rows of ``orders.v2``. (For inspection and tests: the job
+        reads ``handover_rows`` and ``claims``.)"""
         self.table.open()
 
         def q(_attempt: int) -> list[LedgerRow]:
