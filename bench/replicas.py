@@ -104,6 +104,7 @@ def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, mor
     while lag(kafka, name, topic):
         time.sleep(0.5)
     produce(kafka.bootstrap, topic, events(more, 0.2, 2))
+    wall_stop = datetime.now()
     t_stop = time.monotonic()
     for j in jobs:
         j.stop(timeout=60)
@@ -122,6 +123,32 @@ def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, mor
     print(f"rescale 2 -> 3 with {more} new events waiting: old replicas stopped in {t_stopped - t_stop:.1f} s, "
           f"new ones caught up {t_caught_up - t_stopped:.1f} s later (Spark start-up, warm-up, the new events); "
           f"warm-up re-read {warmup} rows (window + allowedLateness of each partition)")
+    for i in range(3):
+        print(f"  new replica {i}: " + phases((tmp / f"{name}-{i}of3.log").read_text(), wall_stop))
+
+
+# job log lines that end a start-up phase, in order: (what, where the line starts to match)
+PHASES = [("Spark session up", "ClickHouse "), ("ledger read and claimed", "new checkpoint "),
+          ("query started", "query started"), ("first batch committed", "batch 0: ")]
+
+
+def phases(log: str, since: datetime) -> str:
+    """Seconds after ``since`` (the stop) at which a new replica's job log reached each start-up phase."""
+    out = []
+    for line in log.replace("\r", "\n").splitlines():
+        head, _, message = line.partition(" INFO ")
+        if not message:
+            continue
+        try:
+            at = datetime.strptime(head[-23:], "%Y-%m-%d %H:%M:%S,%f")
+        except ValueError:
+            continue
+        text = message.split(": ", 1)[-1]
+        for what, start in PHASES[len(out):len(out) + 1]:
+            if text.startswith(start):
+                detail = f" ({text.split(' in ', 1)[-1]})" if what == "first batch committed" else ""
+                out.append(f"{what} +{(at - since).total_seconds():.1f} s{detail}")
+    return ", ".join(out)
 
 
 def main() -> int:

@@ -33,7 +33,7 @@ from glasspipe_job.arrow_parts import arrow_partitions
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
-from glasspipe_job.handover import CheckpointFiles, merge_offsets, records_between
+from glasspipe_job.handover import CheckpointFiles, Offsets, merge_offsets, records_between
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
 from glasspipe_job.transform import (
@@ -110,12 +110,16 @@ class BatchWriter:
     """The ``foreachBatch`` function of one pipeline replica."""
 
     def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
-                 groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, batch_bound: int = 0) -> None:
+                 groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, batch_bound: int = 0,
+                 first_start: Offsets | None = None) -> None:
         """``batch_bound``: the records of the largest batch (maxOffsetsPerTrigger); a batch known to be smaller
         is taken in fewer, larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a
-        join, whose output may outgrow its input)."""
+        join, whose output may outgrow its input). ``first_start``: where the checkpoint's batch 0 starts (the
+        hand-over's ``read_from``, persisted, so a replay sizes it alike); Kafka's "earliest"/"latest" (-2/-1)
+        there count as offset 0 at most, which can only overstate the batch, never understate it."""
         self.config = config
         self.batch_bound = batch_bound
+        self.first_start = first_start
         self._last_offsets: tuple[int, list[dict[str, dict[str, int]]]] | None = None  # batch id, its offset log
         self.sink = sink
         self.dead_letters = dead_letters
@@ -174,8 +178,10 @@ class BatchWriter:
         """Kafka records in this batch, from its offset log entry and the previous one (kept from the previous
         call, else read); None when unknown."""
         previous, self._last_offsets = self._last_offsets, (batch_id, offsets)
-        if self.batch_bound <= 0 or batch_id == 0:
+        if self.batch_bound <= 0:
             return None
+        if batch_id == 0:
+            return None if self.first_start is None else records_between(self.first_start, merge_offsets(offsets))
         if previous is not None and previous[0] == batch_id - 1:
             before = previous[1]
         elif files.exists(f"offsets/{batch_id - 1}"):

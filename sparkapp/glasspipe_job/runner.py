@@ -208,7 +208,7 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     # outgrow its input, so its batches always go one Spark partition at a time.
     bound = 0 if spec.join is not None else batch_bound(config, spec.sources[0], driver_heap_bytes(spark))
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
-                         [a.group for a in assignments], metrics, config.checkpoint_dir, bound)
+                         [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from)
     stream = (writer.collected(out).writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:
