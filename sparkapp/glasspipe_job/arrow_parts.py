@@ -1,11 +1,12 @@
 """A micro-batch taken to the driver one Spark partition at a time, as Arrow (``df.toArrow()`` would gather the
 whole batch in the driver's heap at once: the catch-up of a long backlog ran out of memory).
 
-Each part is one Spark job over the same RDD (``PythonRDD.runJob``): the stages before the last shuffle run
-once, the last stage once per part, so every row is computed once, as with a single collect. A part is one
-Spark partition, or several consecutive ones when the batch is known to be smaller than the largest one
-(``partitions_per_part``): one job per partition runs a small batch's stateful tasks one after another, and
-their fixed cost (state store load and commit, ~200 ms each) was most of a small batch's latency. A part's
+When a batch takes several parts, one Spark job first computes every partition in parallel into Spark's
+block store on local disk, and each part is then one job reading its partitions from there
+(``PythonRDD.runJob``): every row is computed once, as with a single collect, and the stateful tasks run
+side by side. A part is one Spark partition, or several consecutive ones when the batch is known to be
+smaller than the largest one (``partitions_per_part``): fewer parts, fewer jobs, and each job's fixed cost
+(~200 ms) was most of a small batch's latency. A part's
 content does not depend on the order tasks finish in: the same batch replayed gives the same parts with the
 same rows (the order of rows inside a part may differ; the sink sorts them).
 """
@@ -41,7 +42,11 @@ def partitions_per_part(batch_rows: int | None, batch_bound: int, partitions: in
 def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: int = 0) -> Iterator[pa.Table]:
     """The rows of ``df``, one Arrow table per part (``partitions_per_part`` consecutive Spark partitions, one
     without ``batch_rows``), in partition order; only the part being read is held in the driver (plus what
-    the caller keeps)."""
+    the caller keeps).
+
+    With more than one part, every partition is first computed in one job, in parallel, into Spark's block
+    store on local disk (``DISK_ONLY``: nothing of it on the heap); each part is then read from there. One job
+    per part used to run the last stage's tasks (the stateful ones) one after another on one core."""
     spark = df.sparkSession
     sc = spark.sparkContext
     jvm = sc._jvm
@@ -50,8 +55,17 @@ def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: 
     rdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, per partition
     n = rdd.getNumPartitions()
     step = partitions_per_part(batch_rows, batch_bound, n)
-    for first in range(0, n, step):
-        sock = jvm.PythonRDD.runJob(sc._jsc.sc(), rdd, list(range(first, min(first + step, n))))
-        with _load_from_socket(sock, NoOpSerializer()) as stream:
-            batches = [pa.ipc.read_record_batch(pa.py_buffer(b), schema) for b in stream]
-        yield pa.Table.from_batches(batches, schema=schema)
+    staged = step < n
+    if staged:
+        rdd.persist(jvm.org.apache.spark.storage.StorageLevel.DISK_ONLY())
+    try:
+        if staged:
+            rdd.count()  # one job: all partitions computed in parallel and stored
+        for first in range(0, n, step):
+            sock = jvm.PythonRDD.runJob(sc._jsc.sc(), rdd, list(range(first, min(first + step, n))))
+            with _load_from_socket(sock, NoOpSerializer()) as stream:
+                batches = [pa.ipc.read_record_batch(pa.py_buffer(b), schema) for b in stream]
+            yield pa.Table.from_batches(batches, schema=schema)
+    finally:
+        if staged:
+            rdd.unpersist(False)
