@@ -115,14 +115,18 @@ def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, mor
     t_caught_up = time.monotonic()
     for j in jobs:
         j.stop(timeout=60)
-    warmup = 0
+    warmup, summaries = 0, 0
     for i in range(3):
         for line in (tmp / f"{name}-{i}of3.log").read_text().splitlines():
             if line.startswith("glasspipe run:"):
                 warmup += int(line.split("warm-up rows ")[1].split(",")[0])
+                summaries += 1
+    # a replica stopped before it printed its summary line has no count: say so rather than add 0
+    reread = f"{warmup} rows" if summaries == 3 else (
+        f"{warmup} rows in the {summaries} of 3 replicas that printed a summary")
     print(f"rescale 2 -> 3 with {more} new events waiting: old replicas stopped in {t_stopped - t_stop:.1f} s, "
           f"new ones caught up {t_caught_up - t_stopped:.1f} s later (Spark start-up, warm-up, the new events); "
-          f"warm-up re-read {warmup} rows (window + allowedLateness of each partition)")
+          f"warm-up re-read {reread} (window + allowedLateness of each partition)")
     for i in range(3):
         print(f"  new replica {i}: " + phases((tmp / f"{name}-{i}of3.log").read_text(), wall_stop))
 
