@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
+from glasspipe.api.validation import OutputColumn
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_job import handover as ho
 from glasspipe_job.clickhouse.connection import Connection
@@ -35,11 +36,6 @@ from glasspipe_job.clickhouse.table import ClickHouseTable
 
 PREFIX = "glasspipe.default.orders."
 TOPIC = "orders"
-
-
-class Column:
-    def __init__(self, name: str, clickhouse_type: str) -> None:
-        self.name, self.clickhouse_type = name, clickhouse_type
 
 
 def median_ms(fn: Callable[[], Any], runs: int) -> float:
@@ -51,10 +47,10 @@ def median_ms(fn: Callable[[], Any], runs: int) -> float:
     return statistics.median(times) * 1000
 
 
-def decide(rows: list[Any], ledger: Ledger) -> None:
+def decide(rows: list[Any]) -> None:
     """What prepare_handover decides from the rows (a new start; resumable's read is ledger_progress too)."""
     ho.new_start("x", rows, {TOPIC: {0: 0, 1: 0, 2: 0}}, {}, {TOPIC: 0})
-    next_generation([*rows, *ledger.claims(PREFIX)])
+    next_generation(rows)
 
 
 def main() -> int:
@@ -65,7 +61,7 @@ def main() -> int:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gp-ledger-") as tmp, ClickHouseServer(Path(tmp) / "ch") as ch:
         table = ClickHouseTable(Connection([f"127.0.0.1:{ch.port}"], "default"), "orders",
-                                [Column("id", "String")], create_table=True, order_by=["id"])
+                                [OutputColumn("id", "`id`", "String", "s.id")], create_table=True, order_by=["id"])
         table.open()
         ledger = Ledger(table)
         for w in range(3):
@@ -88,10 +84,10 @@ def main() -> int:
             fence_ms = median_ms(fence.check, 7)
             scan_ms = median_ms(lambda: ledger.pipeline_rows(PREFIX, state=CLAIMED), 5)
             rows = ledger.handover_rows(PREFIX)
-            start_ms = median_ms(lambda: decide(ledger.handover_rows(PREFIX), ledger), 3)
+            start_ms = median_ms(lambda: decide(ledger.handover_rows(PREFIX)), 3)
             every = "not run"
             if total <= args.every_max:
-                every = f"{median_ms(lambda: decide(ledger.pipeline_rows(PREFIX), ledger), 1):,.0f} ms"
+                every = f"{median_ms(lambda: decide(ledger.pipeline_rows(PREFIX)), 1):,.0f} ms"
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             print(f"{total:>11,} | {fence_ms:.1f} ms | {scan_ms:.1f} ms | {start_ms:,.0f} ms | {len(rows)} | "
                   f"{every} | {rss:,.0f} MB", flush=True)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +119,9 @@ class BatchWriter:
         there count as offset 0 at most, which can only overstate the batch, never understate it."""
         self.config = config
         self.batch_bound = batch_bound
-        self.first_start = first_start
-        self._last_offsets: tuple[int, list[dict[str, dict[str, int]]]] | None = None  # batch id, its offset log
+        # the previous batch's id and end offsets: the hand-over's start stands for "batch -1"
+        self._last_offsets: tuple[int, Sequence[Mapping[str, Mapping[Any, int]]]] | None = (
+            None if first_start is None else (-1, [first_start]))
         self.sink = sink
         self.dead_letters = dead_letters
         self.groups = groups
@@ -176,15 +177,13 @@ class BatchWriter:
     def _batch_records(self, files: CheckpointFiles, batch_id: int,
                        offsets: list[dict[str, dict[str, int]]]) -> int | None:
         """Kafka records in this batch, from its offset log entry and the previous one (kept from the previous
-        call, else read); None when unknown."""
+        call or, for batch 0, the hand-over's start; else read); None when unknown."""
         previous, self._last_offsets = self._last_offsets, (batch_id, offsets)
         if self.batch_bound <= 0:
             return None
-        if batch_id == 0:
-            return None if self.first_start is None else records_between(self.first_start, merge_offsets(offsets))
         if previous is not None and previous[0] == batch_id - 1:
             before = previous[1]
-        elif files.exists(f"offsets/{batch_id - 1}"):
+        elif batch_id > 0 and files.exists(f"offsets/{batch_id - 1}"):
             before = files.offset_log(batch_id - 1)
         else:
             return None

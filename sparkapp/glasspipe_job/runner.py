@@ -101,7 +101,7 @@ def make_table(config: JobConfig) -> ClickHouseTable:
 def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, owned: ho.Offsets) -> Fence:
     """Claim this replica's partitions in the ledger with a generation above every earlier claim: a writer
     of an older layout that is somehow still running sees it and stops (ledger.Fence)."""
-    generation = next_generation([*rows, *ledger.claims(config.writer_prefix)])
+    generation = next_generation(rows)  # rows (handover_rows) hold every claimed row of the pipeline
     offsets = json.dumps([{t: {str(p): o for p, o in sorted(parts.items())}} for t, parts in sorted(owned.items())])
     ledger.claim(config.writer_prefix, writer_id, generation, offsets)
     log.info("writer %s claims %s (generation %d)", writer_id, {t: sorted(p) for t, p in owned.items()}, generation)
