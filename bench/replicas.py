@@ -8,11 +8,13 @@ wall time including start-up. Then measures a rescale 2 -> 3: the time from stop
 to the new ones having caught up with the events that arrived meanwhile, and the warm-up rows re-read.
 
     python bench/replicas.py --events 200000
+    python bench/replicas.py --events 60000 --replicas '' --cds   # drivers map the CDS archive, as in the image
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import tempfile
@@ -160,7 +162,17 @@ def main() -> int:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--replicas", default="1,2,3", help="replica counts to drain the topic with; '' for none")
     parser.add_argument("--keep", type=Path, help="write the job logs and checkpoints here (kept)")
+    parser.add_argument("--cds", action="store_true",
+                        help="drivers map the class-data-sharing archive of dev/install/spark-cds.sh, as the Spark "
+                             "image's driver pods map the image's (same class list); default: the JVM's own only")
     args = parser.parse_args()
+    if args.cds:
+        from glasspipe_dev.spark_cds import archive_path
+
+        archive = archive_path()
+        if not archive.is_file():
+            parser.error(f"no {archive}: run `bash dev/install/spark-cds.sh` first")
+        os.environ["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={archive}"
     with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp_s, KafkaServer() as kafka, ClickHouseServer() as ch:
         tmp = args.keep or Path(tmp_s)
         tmp.mkdir(parents=True, exist_ok=True)

@@ -292,6 +292,8 @@ def _steps(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator, ka
             lines = text.splitlines()
             print(f"[real-cluster] {name}: {len(lines)} log lines in {path}; first and last:\n"
                   + "\n".join(x[:200] for x in lines[:1] + lines[-3:]), flush=True)
+            # the driver pod (spark.properties alone in its conf folder) maps the image's CDS archive
+            assert "glasspipe: the driver JVM maps the class-data-sharing archive" in text, text[:3000]
 
     # ---- (1) kubectl apply of the sms-dedup example, pointed at the node's Kafka and ClickHouse
     doc = load_example("sms-dedup.yaml")

@@ -9,7 +9,11 @@ them instead (measured: a 1-record `--available-now` run 26.6 s -> 18.3 s, an em
 the classpath, so a changed jar gets a new archive; a JVM that finds a mismatching archive runs
 without it (-Xshare:auto), never fails.
 
-Run ``python -m glasspipe_dev.spark_cds`` (dev/install/spark-cds.sh) to make it.
+The same run also writes the list of classes it loaded (``-XX:DumpLoadedClassList``, names only, no
+paths): the Spark image's build dumps its own archive from it against the image's classpath
+(sparkapp/Dockerfile, dev/install/images.sh), so a driver pod maps those classes too.
+
+Run ``python -m glasspipe_dev.spark_cds`` (dev/install/spark-cds.sh) to make them.
 """
 
 from __future__ import annotations
@@ -47,6 +51,11 @@ def archive_path() -> Path:
     return cache_dir() / "spark-cds" / f"driver-{digest.hexdigest()[:16]}.jsa"
 
 
+def class_list_path() -> Path:
+    """The class list written by the run that dumped the archive (next to it, same key)."""
+    return archive_path().with_suffix(".classlist")
+
+
 def test_spark_submit_opts() -> str:
     """SPARK_SUBMIT_OPTS for the tests' Spark drivers: C1 only, serial GC, and the archive if made."""
     options = list(TEST_JIT_AND_GC)
@@ -60,17 +69,19 @@ def test_spark_submit_opts() -> str:
 
 
 def dump_archive() -> Path:
-    """Run the sms-dedup example once with -XX:ArchiveClassesAtExit; a no-op if the archive exists."""
+    """Run the sms-dedup example once with -XX:ArchiveClassesAtExit and -XX:DumpLoadedClassList; a no-op if
+    the archive and the class list exist."""
     from glasspipe_dev.clickhouse import ClickHouseServer
     from glasspipe_dev.kafka import KafkaServer
     from glasspipe_dev.pipelines import dumps, produce, run_to_end, sms_dedup_pipeline
 
-    target = archive_path()
-    if target.is_file():
+    target, class_list = archive_path(), class_list_path()
+    if target.is_file() and class_list.is_file():
         print(f"spark CDS archive: cached ({target})")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_suffix(f".{os.getpid()}.partial")
+    partial_list = class_list.with_suffix(f".{os.getpid()}.partial-list")
     with tempfile.TemporaryDirectory(prefix="gp-cds-") as scratch:
         work = Path(scratch)
         with KafkaServer(work / "kafka").start() as kafka, ClickHouseServer(work / "clickhouse").start() as ch:
@@ -83,19 +94,25 @@ def dump_archive() -> Path:
                 for i in range(20)
             ] + [(b"bad", b"not json")])
             pipeline = sms_dedup_pipeline(work, "cds", "cds", max_rows=1000)
-            os.environ["SPARK_SUBMIT_OPTS"] = f"-XX:ArchiveClassesAtExit={partial}"
+            os.environ["SPARK_SUBMIT_OPTS"] = (f"-XX:ArchiveClassesAtExit={partial} "
+                                               f"-XX:DumpLoadedClassList={partial_list}")
             run_to_end(pipeline, kafka.bootstrap, f"127.0.0.1:{ch.port}", work / "checkpoint")
-    if not partial.is_file():
-        raise RuntimeError(f"the Spark driver exited without writing {partial}")
-    partial.rename(target)
-    for old in target.parent.glob("driver-*.jsa"):
-        if old != target:
+    for made in (partial, partial_list):
+        if not made.is_file():
+            raise RuntimeError(f"the Spark driver exited without writing {made}")
+    partial.replace(target)
+    partial_list.replace(class_list)
+    for old in (*target.parent.glob("driver-*.jsa"), *target.parent.glob("driver-*.classlist")):
+        if old not in (target, class_list):
             old.unlink()
     print(f"spark CDS archive: {target} ({target.stat().st_size >> 20} MiB)")
     return target
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--class-list"]:  # dev/install/images.sh: where the list is (made already)
+        print(class_list_path())
+        sys.exit(0)
     try:
         dump_archive()
     except (OSError, RuntimeError, subprocess.SubprocessError) as err:

@@ -17,6 +17,26 @@ if [ -n "${HADOOP_CONF_DIR:-}" ]; then classpath="$HADOOP_CONF_DIR:$classpath"; 
 if [ -n "${SPARK_EXTRA_CLASSPATH:-}" ]; then classpath="$classpath:$SPARK_EXTRA_CLASSPATH"; fi
 if [ -n "${SPARK_DIST_CLASSPATH:-}" ]; then classpath="$classpath:$SPARK_DIST_CLASSPATH"; fi
 
+# The driver's class-data-sharing archive (sparkapp/Dockerfile, dev/images/dump-driver-cds.sh). The JVM maps it
+# only with the classpath it was dumped with, whose conf folder is empty. Spark mounts spark.properties in the
+# conf folder and names it with --properties-file, so when nothing else is there the driver takes the image's
+# empty folder as SPARK_CONF_DIR and the archive. Any other file there (log4j2.properties, ...) or an extra
+# classpath keeps Spark's usual classpath and starts without it (as would a mismatch: the JVM never fails on
+# it). The driver's log says which, and why.
+CDS_DIR=/opt/glasspipe/cds
+driver_cds_obstacle() {   # prints why the driver cannot map the archive; nothing when it can
+  if [ ! -f "$CDS_DIR/driver.jsa" ]; then echo "no $CDS_DIR/driver.jsa in the image"; return; fi
+  if [ -n "${HADOOP_CONF_DIR:-}${YARN_CONF_DIR:-}${SPARK_EXTRA_CLASSPATH:-}${SPARK_DIST_CLASSPATH:-}" ]; then
+    echo "HADOOP_CONF_DIR, YARN_CONF_DIR, SPARK_EXTRA_CLASSPATH or SPARK_DIST_CLASSPATH adds to the classpath"
+    return
+  fi
+  local f
+  for f in "$conf_dir"/* "$conf_dir"/.[!.]*; do   # a ConfigMap's ..data links do not count
+    [ -e "$f" ] || [ -L "$f" ] || continue
+    if [ "${f##*/}" != spark.properties ]; then echo "$f is on the classpath"; return; fi
+  done
+}
+
 # The job's Python process: the child of the driver JVM whose command line names the job's main file.
 job_python() {
   local pid stat rest
@@ -37,6 +57,14 @@ job_python() {
 case "${1:-}" in
   driver)
     shift
+    obstacle="$(driver_cds_obstacle)"
+    if [ -z "$obstacle" ]; then
+      export SPARK_CONF_DIR="$CDS_DIR/conf"
+      export SPARK_SUBMIT_OPTS="-XX:SharedArchiveFile=$CDS_DIR/driver.jsa${SPARK_SUBMIT_OPTS:+ $SPARK_SUBMIT_OPTS}"
+      echo "glasspipe: the driver JVM maps the class-data-sharing archive $CDS_DIR/driver.jsa" >&2
+    else
+      echo "glasspipe: the driver JVM starts without the class-data-sharing archive: $obstacle" >&2
+    fi
     exec /usr/bin/tini -s -- bash "$0" supervise-driver "$SPARK_HOME/bin/spark-submit" \
       --conf "spark.driver.bindAddress=${SPARK_DRIVER_BIND_ADDRESS:?is set by Spark on a driver pod}" \
       --deploy-mode client "$@"

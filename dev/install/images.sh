@@ -73,8 +73,13 @@ rm -rf "$CONTEXT"
 mkdir -p "$CONTEXT"
 (cd "$GP_ROOT" && tar -c --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' \
   pyproject.toml README.md operator sparkapp/Dockerfile sparkapp/glasspipe_job examples \
-  dev/images/spark-entrypoint.sh) | tar -x -C "$CONTEXT"
+  dev/images/spark-entrypoint.sh dev/images/dump-driver-cds.sh) | tar -x -C "$CONTEXT"
 bash "$GP_ROOT/dev/images/stage-jars.sh" "$CONTEXT"
+# The class list the Spark image dumps its driver archive from (a real local run: cached after the first).
+bash "$GP_ROOT/dev/install/spark-cds.sh" >/dev/null
+mkdir -p "$CONTEXT/build/spark-cds"
+cp "$(PYTHONPATH="$GP_ROOT/operator:$GP_ROOT/sparkapp:$GP_ROOT/dev" "$GP_VENV/bin/python" -m glasspipe_dev.spark_cds \
+  --class-list)" "$CONTEXT/build/spark-cds/driver.classlist"
 
 inputs_hash() {  # inputs_hash PATH... : one digest of the recipe, the base and these context files
   { echo "$RECIPE"; echo "base $BASE_ID"
@@ -113,7 +118,8 @@ build() {  # build NAME REF DOCKERFILE INPUT...
 build glasspipe-operator "docker.io/glasspipe/operator:$VERSION" operator/Dockerfile \
   pyproject.toml README.md operator sparkapp/glasspipe_job examples
 build glasspipe-spark "docker.io/glasspipe/spark:$VERSION" sparkapp/Dockerfile \
-  pyproject.toml README.md operator sparkapp/glasspipe_job dev/images/spark-entrypoint.sh build/spark-jars
+  pyproject.toml README.md operator sparkapp/glasspipe_job dev/images/spark-entrypoint.sh build/spark-jars \
+  dev/images/dump-driver-cds.sh build/spark-cds
 if [ "$BUILT" = 1 ]; then
   # The images these builds replaced (now untagged) and their layers; the current images' build
   # cache (their parent layers) stays.

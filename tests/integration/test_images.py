@@ -170,6 +170,37 @@ def test_spark_image_executor_entrypoint_starts_the_kubernetes_executor_backend(
     assert "KubernetesExecutorBackend: Started daemon" in out and "Failed to connect to /127.0.0.1:9" in out, out
 
 
+@pytest.mark.parametrize("extra_conf", [None, "log4j2.properties"])
+def test_spark_image_driver_maps_the_cds_archive_unless_its_conf_folder_holds_more_than_spark_properties(
+    spark_image: Image, tmp_path: Path, extra_conf: str | None
+) -> None:
+    """A driver pod's conf folder holds only the spark.properties Spark mounts: the driver JVM takes the image's
+    empty conf folder and the class-data-sharing archive dumped for that classpath (``-Xshare:on`` fails the JVM
+    if it cannot map it). Another file there (a log4j2.properties) keeps Spark's own classpath, without it."""
+    conf_dir = tmp_path / "conf"
+    conf_dir.mkdir()
+    (conf_dir / "spark.properties").write_text("spark.master=local[1]\n")
+    if extra_conf:
+        (conf_dir / extra_conf).write_text("# a user's file\n")
+    opts = "-Xshare:on" if extra_conf is None else "-Xshare:auto"
+    done = spark_image.run(
+        "driver", "--properties-file", "/opt/spark/conf/spark.properties", "--version",
+        volumes=[f"{conf_dir}:/opt/spark/conf:ro"],
+        env={"SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1", "SPARK_CONF_DIR": "/opt/spark/conf",
+             "SPARK_PRINT_LAUNCH_COMMAND": "1", "SPARK_SUBMIT_OPTS": opts}, timeout=120)
+    out = done.stdout + done.stderr
+    command = next(line for line in out.splitlines() if line.startswith("Spark Command:"))
+    assert f"version {SPARK_VERSION}" in out, out
+    if extra_conf is None:
+        assert "glasspipe: the driver JVM maps the class-data-sharing archive" in out, out
+        assert " -cp /opt/glasspipe/cds/conf/:" in command, command
+        assert "-XX:SharedArchiveFile=/opt/glasspipe/cds/driver.jsa -Xshare:on" in command, command
+    else:
+        assert (f"glasspipe: the driver JVM starts without the class-data-sharing archive: "
+                f"/opt/spark/conf/{extra_conf} is on the classpath") in out, out
+        assert " -cp /opt/spark/conf/:" in command and "SharedArchiveFile" not in command, command
+
+
 def sms(sms_id: str, status: str, at: datetime) -> tuple[bytes, bytes]:
     doc = {"sms_id": sms_id, "status": status, "phone": "+100", "meta": {"provider": "p"}, "sent_at": at.isoformat()}
     return sms_id.encode(), dumps(doc)
@@ -226,7 +257,8 @@ def test_spark_image_driver_runs_the_job_exactly_once(
         network="host", name=container,
         volumes=[f"{conf_dir}:/opt/spark/conf:ro", f"{checkpoints}:/checkpoints"],
         env={"SPARK_DRIVER_BIND_ADDRESS": "127.0.0.1", "SPARK_LOCAL_IP": "127.0.0.1",
-             "SPARK_CONF_DIR": "/opt/spark/conf"})
+             "SPARK_CONF_DIR": "/opt/spark/conf",
+             "SPARK_SUBMIT_OPTS": "-Xlog:class+load=info:file=/checkpoints/class-load.log"})
     log = tmp_path / "driver.log"
     ch = clickhouse.client()
     group = f"glasspipe.default.{name}"
@@ -262,3 +294,8 @@ def test_spark_image_driver_runs_the_job_exactly_once(
     # podman stop's SIGTERM reached the job's Python (the entrypoint), which stopped between batches
     assert "stopping the query between micro-batches (SIGTERM)" in text, text[-8000:]
     assert json.loads(app["arguments"][1])["pipeline"] == name
+    # the driver JVM mapped Spark's classes from the image's class-data-sharing archive
+    loaded = (checkpoints / "class-load.log").read_text()
+    assert "org.apache.spark.SparkContext source: shared objects file" in loaded, loaded[-3000:]
+    print(f"image job: {loaded.count('source: shared objects file')} classes mapped from the CDS archive, "
+          f"{loaded.count('source: jar:') + loaded.count('source: file:')} loaded from jars")
