@@ -59,8 +59,10 @@ SPARK_SETTINGS: dict[str, Any] = {
         "spark.master": "local[1]",
         "spark.kubernetes.driver.request.cores": "250m",
         "spark.ui.enabled": "false",
-        # The driver JVM: C1 only and the serial collector, which start Spark faster on a saturated 2-core box.
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # The driver JVM: C1 only and the serial collector, which start Spark faster on a saturated 2-core box;
+        # -Xshare:on fails the JVM unless it maps the image's class-data-sharing archive (the product's default,
+        # -Xshare:auto, would start without it silently).
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:on",
     },
 }
 
