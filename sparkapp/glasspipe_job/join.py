@@ -4,10 +4,10 @@ single source is, then joined by key within an event-time window by glasspipe's 
 
 The plan, per micro-batch (one query, both topics in one offset log):
 
-    orders: Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+
+    orders: Kafka -> parse/check -(ok)-> watermark -> [late flag + dedup (JVM), dups dropped] --+
                               \\-(dead)-----------------------------------------------+          | union
                                                                                     |   join operator (JVM),
-    users:  Kafka -> parse/check -(ok)-> watermark -> late flag + dedup (JVM) -> [dups dropped] --+  by join key
+    users:  Kafka -> parse/check -(ok)-> watermark -> [late flag + dedup (JVM), dups dropped] --+  by join key
                               \\-(dead)-------------------------------------+       |          |
                                                                           union <-------- matched, late,
                                                                             |           (left join: unmatched left)
@@ -27,12 +27,15 @@ The plan, per micro-batch (one query, both topics in one offset log):
 - Dead rows branch off before any stateful operator, so the Kafka batch of a side is read twice (a
   cheap stateless re-read) rather than running a stateful operator twice. Duplicates are counted by
   an ``observe`` (``dedup_<source>``) on the dedup output and dropped before the join.
-- Late rows (at or below the watermark) are flagged by each side's JVM operator (with or without
-  deduplication) instead of being dropped by Spark, pass the join operator at once without entering
-  its state and go to the dead-letter topic with reason ``late``, with their own Kafka coordinates.
-- A checkpoint of the earlier plan (Spark's join) cannot resume: ``JOIN_STATE_PLAN`` is recorded in the
-  hand-over record and runner.prepare_handover starts a new checkpoint instead (docs/operations.md,
-  Upgrading glasspipe).
+- Late rows (at or below the watermark) are not dropped by Spark: a side with deduplication flags them
+  in its own JVM operator; a side without has no operator of its own (one shuffle and one state store
+  fewer per batch) and the join operator flags them against the same watermark. They pass the join at
+  once without entering its state and go to the dead-letter topic with reason ``late``, with their own
+  Kafka coordinates.
+- A checkpoint of an earlier plan cannot resume: ``JOIN_STATE_PLAN`` is recorded in the hand-over
+  record and runner.prepare_handover starts a new checkpoint instead (docs/operations.md, Upgrading
+  glasspipe). Plan ``""`` was Spark's join; ``/1`` ran a late-flag operator on every side, so its
+  operators' state stores are numbered differently.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ from glasspipe_job.transform import (
     REASON,
     STATUS,
     WARMUP,
+    late_reason,
     select_output,
     source_rows,
     spark_type,
@@ -64,7 +68,7 @@ from glasspipe_job.transform import (
 
 # Recorded in each checkpoint's hand-over record (handover.Handover.plan): a checkpoint of an earlier join
 # plan (Spark's stream-stream join, plan "") is set aside and a new one started, as after a rescale.
-JOIN_STATE_PLAN = "glasspipe-temporal-join/1"
+JOIN_STATE_PLAN = "glasspipe-temporal-join/2"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
 
 
@@ -90,10 +94,11 @@ def _key(i: int) -> str:
 
 def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], side: int,
                left: models.Source, right: models.Source) -> DataFrame:
-    """ok rows -> watermark -> late flagged, dedup (JVM); duplicates counted (observe) and dropped;
-    fields packed in a struct named after the source (the other side's struct NULL), in the shape of
-    the join operator's input. Late rows keep their Kafka coordinates (NULL on the others, so the join
-    state does not hold the raw values)."""
+    """ok rows -> watermark -> (with dedup) late flagged, dedup (JVM); duplicates counted (observe) and
+    dropped; fields packed in a struct named after the source (the other side's struct NULL), in the
+    shape of the join operator's input. Rows that are or may be late (``LATE`` NULL: no dedup, the join
+    operator decides) keep their Kafka coordinates; the others' are NULL (the join state never holds
+    them)."""
     rows = source_rows(checked, source, join_keys=keys)  # withWatermark(EVENT_TIME) inside; re-emitted
     if source.deduplication is not None:
         rows = rows.observe(DEDUP_OBSERVATION + source.name,
@@ -104,13 +109,14 @@ def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], s
     def struct_of(s: models.Source) -> Column:
         return (own if s.name == source.name else F.lit(None).cast(source_struct_type(s))).alias(s.name)
 
+    maybe_late = F.coalesce(F.col(LATE), F.lit(True))  # NULL: the join operator decides
     return rows.select(
         *[F.col(k).alias(_key(i)) for i, k in enumerate(keys)],
         F.lit(side).alias(SIDE),
         F.col(EVENT_TIME),
         F.col(WARMUP),
         F.col(LATE),
-        *[F.when(F.col(LATE), F.col(c)).alias(c) for c in META_COLUMNS],
+        *[F.when(maybe_late, F.col(c)).alias(c) for c in META_COLUMNS],
         F.when(F.col(LATE), F.col(REASON)).alias(REASON),
         F.col("_gp_partition").alias(_PARTITION),
         F.col("_gp_offset").alias(_OFFSET),
@@ -162,20 +168,23 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
         left_col=left.name, right_col=right.name, window_seconds=parse_duration_ms(join.window) / 1000,
         left_outer=join.type != "inner")
     late = F.col(LATE)
+    # the join operator flagged the late rows of a side without dedup: their reason is written here
+    late_here = late & F.col(REASON).isNull()
     joined = out.select(
         F.when(~late, F.col(left.name)).alias(left.name),
         F.when(~late, F.col(right.name)).alias(right.name),
         *META_COLUMNS,
         F.lit(None).cast("binary").alias(KEY),  # not kept in the join state (see transform.KEY)
         F.when(late, F.lit("dead")).otherwise(F.lit("ok")).alias(STATUS),
-        REASON,
+        F.when(late_here & (F.col(SIDE) == JOIN_LEFT), late_reason(left, joined=True))
+        .when(late_here, late_reason(right, joined=True)).otherwise(F.col(REASON)).alias(REASON),
         F.lit(False).alias(DUPLICATE),
         # a joined row is warm-up when both of its rows are (the previous replica layout wrote it); a
         # late warm-up row was dead-lettered by that layout; an unmatched left row is not
         WARMUP,
         # freshness: the Kafka timestamps are not kept in the join state (so no end-to-end latency for
         # joined rows); a joined row's event time is its later side's, NULL on late rows
-        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), EVENT_TIME,
+        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), F.when(~late, F.col(EVENT_TIME)).alias(EVENT_TIME),
     )
     rows = (joined.unionByName(_dead_side(parsed[left.name], left, right))
             .unionByName(_dead_side(parsed[right.name], right, left)))

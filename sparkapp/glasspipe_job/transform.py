@@ -247,20 +247,34 @@ def late_reason(source: models.Source, joined: bool = False) -> Column:
 
 
 def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -> DataFrame:
-    """One join side's ok rows: watermark, then late rows flagged (``LATE``) and, with deduplication,
-    duplicates flagged (``DUPLICATE``) by one JVM operator. ``EVENT_TIME`` of the result is the
-    watermarked event time the join reads: NULL on late rows, which the join must not see as late."""
-    from glasspipe_job.jvm import LATE_GUARD_COL, flag_late_before_join
+    """One join side's ok rows behind the watermark, in the shape the join operator reads.
 
+    With deduplication, one JVM operator flags duplicates (``DUPLICATE``) and late rows (``LATE``);
+    ``EVENT_TIME`` is then NULL on late rows. Without, the side has no operator of its own (no shuffle,
+    no state store): ``LATE`` is NULL and the join operator decides it against the same watermark.
+    Either way ``EVENT_TIME`` leaves without the watermark's mark, so Spark drops no late row before
+    the join: they go to the dead-letter topic instead (join.py).
+    """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
     df = df.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
     dedup = source.deduplication
+    if dedup is None:
+        return (df.withColumn(DUPLICATE, F.lit(False)).withColumn(LATE, F.lit(None).cast("boolean"))
+                .withColumn(EVENT_TIME, _without_watermark_mark(F.col(EVENT_TIME))))
+    from glasspipe_job.jvm import LATE_GUARD_COL, flag_late_before_join
+
     out = flag_late_before_join(
-        df, list(dedup.keys) if dedup else list(join_keys), EVENT_TIME,
-        parse_duration_ms(dedup.window) / 1000 if dedup else None,
+        df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000,
         flag_col=DUPLICATE, late_col=LATE, partition_col="_gp_partition", offset_col="_gp_offset")
     return (out.withColumn(REASON, F.when(F.col(LATE), late_reason(source, joined=True)).otherwise(F.col(REASON)))
-            .drop(EVENT_TIME).withColumnRenamed(LATE_GUARD_COL, EVENT_TIME))
+            .drop(EVENT_TIME).withColumn(EVENT_TIME, _without_watermark_mark(F.col(LATE_GUARD_COL)))
+            .drop(LATE_GUARD_COL))
+
+
+def _without_watermark_mark(event_time: Column) -> Column:
+    """The same timestamps in a new column: an expression's result does not inherit the watermark's
+    metadata, by which a stateful operator would drop the rows at or below the watermark."""
+    return event_time + F.expr("INTERVAL 0 SECONDS")
 
 
 def with_dead_flag(df: DataFrame) -> DataFrame:

@@ -51,7 +51,8 @@ class Join:
 
     def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, example: str, *,
                  join_type: str | None = None, partitions: int = 2, max_per_trigger: int | None = None,
-                 extra_columns: list[dict[str, str]] | None = None, **batching: Any) -> None:
+                 extra_columns: list[dict[str, str]] | None = None, without_dedup: Sequence[str] = (),
+                 **batching: Any) -> None:
         suffix = uuid.uuid4().hex[:8]
         self.kafka, self.ch, self.tmp = kafka, ch, tmp_path
         self.orders, self.users, self.table = f"orders-{suffix}", f"users-{suffix}", f"enriched_{suffix}"
@@ -65,6 +66,9 @@ class Join:
         spec = doc["spec"]
         spec["sources"][0]["kafka"]["topic"] = self.orders
         spec["sources"][1]["kafka"]["topic"] = self.users
+        for s in spec["sources"]:
+            if s["name"] in without_dedup:
+                del s["deduplication"]
         if max_per_trigger:
             for s in spec["sources"]:
                 s["kafka"]["maxOffsetsPerTrigger"] = max_per_trigger
@@ -241,13 +245,19 @@ def test_sigkill_at_random_moments_joined_output_exact(
     assert landed == expected
 
 
+@pytest.mark.parametrize("dedup_on", [("orders", "users"), ("orders",), ()], ids=["both", "left-only", "none"])
 def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, dedup_on: tuple[str, ...]
 ) -> None:
     """Issue #14: a join used to drop late records with only a counter. Now every record of a join
     pipeline ends written or dead-lettered with a reason, late ones too, on both sides (deduplicated
-    ones included), and a late record neither matches nor disturbs the matches of the others."""
-    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml")  # a left join, dedup on both sides
+    ones included), and a late record neither matches nor disturbs the matches of the others.
+
+    A side with deduplication flags its late rows in its own operator; a side without has none and
+    the join operator flags them: each side either way, and one of each (left-only)."""
+    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml",  # a left join
+             without_dedup=[s for s in ("orders", "users") if s not in dedup_on])
+    orders_dedup = "orders" in dedup_on
     future = T0.replace(year=2099)
     orders = [order(f"o{i:02d}", f"u{i % 5}", T0 + timedelta(minutes=i)) for i in range(20)]
     j.produce(orders=[*orders, order("o-nobody", "nobody", T0 + timedelta(minutes=20)),
@@ -266,8 +276,10 @@ def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
               users=[user("u1", "LATE", T0 + timedelta(minutes=2)),             # would match o00-o19
                      user("u9", "LATE", T0 + timedelta(minutes=10))])
     second = j.run()
-    assert ("rows written 1," in second and "duplicates dropped 1," in second and "late dropped 0," in second
-            and "dead-lettered 5 {'late': 5}" in second), second
+    # without dedup on orders, o21's repeat is a second joined row
+    written, dropped = (1, 1) if orders_dedup else (2, 0)
+    assert (f"rows written {written}," in second and f"duplicates dropped {dropped}," in second
+            and "late dropped 0," in second and "dead-lettered 5 {'late': 5}" in second), second
     # event time moves on both topics past o-nobody + window + lateness: the unmatched order is written
     later = T0 + timedelta(hours=3)
     j.produce(orders=[order("o99", "u99", later)], users=[user("u99", "SE", later)])
@@ -276,6 +288,7 @@ def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
     expected: list[tuple[str, str, str | None, str | None]] = [
         (f"o{i:02d}", f"u{i % 5}", "NL", "free") for i in range(20)]
     expected += [("o-nobody", "nobody", None, None), ("o21", "u2", "NL", "free"), ("o99", "u99", "SE", "free")]
+    expected += [] if orders_dedup else [("o21", "u2", "NL", "free")]
     assert j.rows() == sorted(expected, key=lambda r: (r[0], r[2] or "")), (first, second, third)
     dead = consume_all(kafka.bootstrap, j.dlq, expected=8)
     got = sorted((dict(m.headers())["glasspipe.source.topic"].decode(),
@@ -310,7 +323,7 @@ def test_a_checkpoint_of_the_earlier_join_plan_is_set_aside_and_pairs_straddling
     assert j.rows() == [("o2", "u2", "FR", "free")], first
     [record] = list(j.ckpt.glob("**/glasspipe-handover.json"))
     doc = json.loads(record.read_text())
-    assert doc.pop("plan") == "glasspipe-temporal-join/1", doc
+    assert doc.pop("plan") == "glasspipe-temporal-join/2", doc
     record.write_text(json.dumps(doc))  # as written before plans were recorded
     record.with_name(f".{record.name}.crc").unlink(missing_ok=True)  # Hadoop's local checksum of the old text
     j.produce(users=[user("u1", "US", T0 + timedelta(minutes=30))])  # o1's match, after the upgrade

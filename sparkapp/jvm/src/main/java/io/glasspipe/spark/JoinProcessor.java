@@ -34,16 +34,16 @@ import scala.jdk.javaapi.CollectionConverters;
  * in the same order and leaves the same state).
  *
  * <p>Eviction: a stored row is dropped once the watermark {@code W} reaches {@code t + window}. That
- * loses no match: a row arriving later that is not late has {@code t' > W >= t + window} (the side
- * operators flag rows with {@code t' <= W} as late, and late rows pass through here without touching
- * state). A left row evicted without having matched is emitted then, with the right side NULL, when
+ * loses no match: a row arriving later that is not late has {@code t' > W >= t + window} (rows with
+ * {@code t' <= W} are late: flagged by a side's dedup operator, or, where the late flag is NULL, here,
+ * against the same watermark; late rows pass through without touching state). A left row evicted without having matched is emitted then, with the right side NULL, when
  * the join is a left join. Eviction reads only the keys whose timer fired (an expiry-ordered index),
  * never the whole state, so a micro-batch costs its own rows plus the expired keys.
  *
  * <p>Output rows have the input's columns: a joined row has side {@link #JOINED}, both structs, the
  * later of the two event times, the warm-up flag set only if both rows are warm-up rows, the late flag
  * false; an unmatched left row is the stored left row (warm-up false); a late row passes through
- * unchanged.
+ * with its late flag true.
  */
 public final class JoinProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
@@ -209,6 +209,25 @@ public final class JoinProcessor extends StatefulProcessor<Row, Row, Row> {
     return RowFactory.create(values);
   }
 
+  /**
+   * A row whose late flag is NULL (a side without deduplication, so no operator of its own) is late at
+   * or below the watermark, as the sides' dedup operators count it ({@code WindowDedup}): the same
+   * watermark then decides lateness and eviction, which is what makes eviction exact.
+   */
+  private boolean isLate(Row row, long watermarkMs) {
+    return !row.isNullAt(eventTimeIndex) && Math.floorDiv(micros(row.get(eventTimeIndex)), 1000L) <= watermarkMs;
+  }
+
+  /** The row with its late flag set (its event time kept, for the dead letter's reason). */
+  private Row asLate(Row row) {
+    Object[] values = new Object[row.length()];
+    for (int i = 0; i < values.length; i++) {
+      values[i] = row.get(i);
+    }
+    values[lateIndex] = true;
+    return RowFactory.create(values);
+  }
+
   private static boolean anyNull(Row key) {
     for (int i = 0; i < key.length(); i++) {
       if (key.isNullAt(i)) {
@@ -234,10 +253,16 @@ public final class JoinProcessor extends StatefulProcessor<Row, Row, Row> {
     List<Row> out = new ArrayList<>();
     List<Entry> newLeft = new ArrayList<>();
     List<Entry> newRight = new ArrayList<>();
+    long watermark = timerValues.getCurrentWatermarkInMs();
     while (rows.hasNext()) {
       Row row = rows.next();
-      if (!row.isNullAt(lateIndex) && row.getBoolean(lateIndex)) {
-        out.add(row); // late: a dead letter, never in state
+      if (row.isNullAt(lateIndex)) {
+        if (isLate(row, watermark)) {
+          out.add(asLate(row)); // late: a dead letter, never in state
+          continue;
+        }
+      } else if (row.getBoolean(lateIndex)) {
+        out.add(row); // flagged late by the side's dedup operator
         continue;
       }
       int side = row.getInt(sideIndex);

@@ -44,13 +44,15 @@ public final class TemporalJoin {
   }
 
   /**
-   * Joins the two sides unioned in {@code df}, which must carry an event-time watermark (the sides'
-   * operators, {@link WindowDedup#flagLateBeforeJoin}, set it) and these columns:
+   * Joins the two sides unioned in {@code df}. The query must define an event-time watermark upstream,
+   * and {@code eventTimeCol} must not carry its mark: Spark would drop late rows before this operator
+   * sees them. {@code df} has these columns:
    *
    * @param keys the join key columns (the grouping); rows with a NULL key match nothing
    * @param sideCol INT: {@link JoinProcessor#LEFT} or {@link JoinProcessor#RIGHT}
    * @param eventTimeCol TIMESTAMP: the event time (NULL on late rows)
-   * @param lateCol BOOLEAN: late rows pass through at once and never enter state
+   * @param lateCol BOOLEAN: true (flagged by a side's {@link WindowDedup#flagLateBeforeJoin}) or NULL and
+   *     at or below the watermark: the row passes through at once, late flag true, and never enters state
    * @param warmupCol BOOLEAN: warm-up rows (see handover.py); a joined row is warm-up if both rows are
    * @param partitionCol INT Kafka partition, {@code offsetCol} BIGINT offset: order rows of a batch
    * @param leftCol STRUCT of the left side's fields (NULL on right rows), {@code rightCol} likewise
