@@ -4,14 +4,12 @@ single source is, then joined by key within an event-time window by glasspipe's 
 
 The plan, per micro-batch (one query, both topics in one offset log):
 
-    orders: Kafka -> parse/check -(ok)-> watermark -> [late flag + dedup (JVM), dups dropped] --+
-                              \\-(dead)-----------------------------------------------+          | union
-                                                                                    |   join operator (JVM),
-    users:  Kafka -> parse/check -(ok)-> watermark -> [late flag + dedup (JVM), dups dropped] --+  by join key
-                              \\-(dead)-------------------------------------+       |          |
-                                                                          union <-------- matched, late,
-                                                                            |           (left join: unmatched left)
-                                                                   select_output -> BatchWriter
+    orders: Kafka -> parse/check -(ok, dead)-> watermark -> [late flag + dedup (JVM), dups dropped] --+
+                                                                                                     | union
+    users:  Kafka -> parse/check -(ok, dead)-> watermark -> [late flag + dedup (JVM), dups dropped] --+
+                                                                                                     |
+                     join operator (JVM), by join key: matched; dead and late rows passed through;
+                     left join: unmatched left  ->  select_output -> BatchWriter
 
 - A record matches every record of the other side with the same key(s) whose event time lies within
   ``join.window`` of its own: ``|t_left - t_right| <= window`` (both directions, so arrival order
@@ -24,9 +22,10 @@ The plan, per micro-batch (one query, both topics in one offset log):
 - The joined row holds each side's fields in a struct column named after its source, so the output
   columns' SQL (``\\`orders\\`.\\`user_id\\```, from glasspipe.api.validation.resolve_columns) reads
   them as struct fields; dead rows carry NULL structs and their original Kafka coordinates.
-- Dead rows branch off before any stateful operator, so the Kafka batch of a side is read twice (a
-  cheap stateless re-read) rather than running a stateful operator twice. Duplicates are counted by
-  an ``observe`` (``dedup_<source>``) on the dedup output and dropped before the join.
+- Dead rows go through the stateful operators untouched (``transform.DEAD``, the join's ``PASS``), so a
+  side's Kafka batch is read and parsed once. (Until plan ``/2`` they branched off before them, and
+  each topic was read and parsed twice per batch.) Duplicates are counted by an ``observe``
+  (``dedup_<source>``) on the dedup output and dropped before the join.
 - Late rows (at or below the watermark) are not dropped by Spark: a side with deduplication flags them
   in its own JVM operator; a side without has no operator of its own (one shuffle and one state store
   fewer per batch) and the join operator flags them against the same watermark. They pass the join at
@@ -36,6 +35,7 @@ The plan, per micro-batch (one query, both topics in one offset log):
   record and runner.prepare_handover starts a new checkpoint instead (docs/operations.md, Upgrading
   glasspipe). Plan ``""`` was Spark's join; ``/1`` ran a late-flag operator on every side, so its
   operators' state stores are numbered differently.
+- A dead or late row's dead letter has its own Kafka key, value and coordinates; a joined row has none.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from glasspipe.api.durations import parse_duration_ms
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.jvm import JOIN_LEFT, JOIN_RIGHT, temporal_join
 from glasspipe_job.transform import (
+    DEAD,
     DUPLICATE,
     EVENT_TIME,
     KAFKA_TIMESTAMP,
@@ -85,6 +86,7 @@ def source_struct_type(source: models.Source) -> T.StructType:
 
 
 SIDE = "_gp_side"  # JOIN_LEFT / JOIN_RIGHT on input rows, JOIN_BOTH on joined rows
+PASS = "_gp_pass"  # the join operator's late column: true passes the row through (dead, late), NULL: it decides
 _PARTITION, _OFFSET = "_gp_p", "_gp_o"  # every row's Kafka coordinates: the order of rows within a batch
 
 
@@ -94,11 +96,11 @@ def _key(i: int) -> str:
 
 def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], side: int,
                left: models.Source, right: models.Source) -> DataFrame:
-    """ok rows -> watermark -> (with dedup) late flagged, dedup (JVM); duplicates counted (observe) and
-    dropped; fields packed in a struct named after the source (the other side's struct NULL), in the
-    shape of the join operator's input. Rows that are or may be late (``LATE`` NULL: no dedup, the join
-    operator decides) keep their Kafka coordinates; the others' are NULL (the join state never holds
-    them)."""
+    """ok and dead rows -> watermark -> (with dedup) late flagged, dedup (JVM); duplicates counted
+    (observe) and dropped; fields packed in a struct named after the source (the other side's struct
+    NULL), in the shape of the join operator's input. ``PASS``: true on dead and late rows, which pass
+    the join untouched; NULL where the join operator decides lateness (no dedup). Rows that pass or may
+    pass keep their Kafka coordinates and key; the others' are NULL (the join state never holds them)."""
     rows = source_rows(checked, source, join_keys=keys)  # withWatermark(EVENT_TIME) inside; re-emitted
     if source.deduplication is not None:
         rows = rows.observe(DEDUP_OBSERVATION + source.name,
@@ -109,28 +111,20 @@ def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], s
     def struct_of(s: models.Source) -> Column:
         return (own if s.name == source.name else F.lit(None).cast(source_struct_type(s))).alias(s.name)
 
-    maybe_late = F.coalesce(F.col(LATE), F.lit(True))  # NULL: the join operator decides
+    passes = F.col(DEAD) | F.col(LATE)  # dead or late: true; NULL (no dedup, not dead): the join decides
+    may_pass = F.coalesce(passes, F.lit(True))
     return rows.select(
         *[F.col(k).alias(_key(i)) for i, k in enumerate(keys)],
         F.lit(side).alias(SIDE),
         F.col(EVENT_TIME),
         F.col(WARMUP),
-        F.col(LATE),
-        *[F.when(maybe_late, F.col(c)).alias(c) for c in META_COLUMNS],
-        F.when(F.col(LATE), F.col(REASON)).alias(REASON),
+        passes.alias(PASS),
+        *[F.when(may_pass, F.col(c)).alias(c) for c in [*META_COLUMNS, KEY]],
+        F.when(passes, F.col(REASON)).alias(REASON),
         F.col("_gp_partition").alias(_PARTITION),
         F.col("_gp_offset").alias(_OFFSET),
         struct_of(left),
         struct_of(right),
-    )
-
-
-def _dead_side(checked: DataFrame, source: models.Source, other: models.Source) -> DataFrame:
-    """This side's dead rows in the joined row's shape: NULL structs, original Kafka coordinates."""
-    return checked.where(F.col(STATUS) == "dead").select(
-        F.lit(None).cast(source_struct_type(source)).alias(source.name),
-        F.lit(None).cast(source_struct_type(other)).alias(other.name),
-        *META_COLUMNS, KEY, STATUS, REASON, F.lit(False).alias(DUPLICATE), WARMUP, KAFKA_TIMESTAMP, EVENT_TIME,
     )
 
 
@@ -164,17 +158,17 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
             .unionByName(_kept_side(parsed[right.name], right, join.right.keys, JOIN_RIGHT, left, right)))
     out = temporal_join(
         both, [_key(i) for i in range(len(join.left.keys))], side_col=SIDE, event_time_col=EVENT_TIME,
-        late_col=LATE, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,
+        late_col=PASS, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,
         left_col=left.name, right_col=right.name, window_seconds=parse_duration_ms(join.window) / 1000,
         left_outer=join.type != "inner")
-    late = F.col(LATE)
+    late = F.col(PASS)  # dead and late rows
     # the join operator flagged the late rows of a side without dedup: their reason is written here
     late_here = late & F.col(REASON).isNull()
     joined = out.select(
         F.when(~late, F.col(left.name)).alias(left.name),
         F.when(~late, F.col(right.name)).alias(right.name),
         *META_COLUMNS,
-        F.lit(None).cast("binary").alias(KEY),  # not kept in the join state (see transform.KEY)
+        KEY,  # dead and late rows' own; NULL on joined rows
         F.when(late, F.lit("dead")).otherwise(F.lit("ok")).alias(STATUS),
         F.when(late_here & (F.col(SIDE) == JOIN_LEFT), late_reason(left, joined=True))
         .when(late_here, late_reason(right, joined=True)).otherwise(F.col(REASON)).alias(REASON),
@@ -186,6 +180,4 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
         # joined rows); a joined row's event time is its later side's, NULL on late rows
         F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), F.when(~late, F.col(EVENT_TIME)).alias(EVENT_TIME),
     )
-    rows = (joined.unionByName(_dead_side(parsed[left.name], left, right))
-            .unionByName(_dead_side(parsed[right.name], right, left)))
-    return select_output(rows, config)
+    return select_output(joined, config)

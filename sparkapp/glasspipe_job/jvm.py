@@ -108,11 +108,13 @@ def flag_late_before_join(
     window_seconds: float | None,
     flag_col: str,
     late_col: str,
+    passthrough_col: str | None = None,
     partition_col: str | None = None,
     offset_col: str | None = None,
 ) -> DataFrame:
     """One join side: late rows flagged in ``late_col`` instead of dropped by Spark, deduplicated as
     ``deduplicate_within_window`` does when ``window_seconds`` is set (None: flag only, no state).
+    Rows with ``passthrough_col`` true (dead rows) pass untouched, neither late nor duplicates.
 
     A row is late at or below the watermark, as the join counts it. The result's watermarked event
     time is the column ``LATE_GUARD_COL``: the event time of each row that is not late, NULL for late
@@ -123,7 +125,7 @@ def flag_late_before_join(
     if window_seconds is not None and window_ms <= 0:
         raise ValueError(f"window_seconds must be positive, got {window_seconds}")
     return _call_static(df, JVM_ENTRY, "flagLateBeforeJoin", list(keys), event_time_col, window_ms, flag_col,
-                        partition_col, offset_col, late_col)
+                        passthrough_col, partition_col, offset_col, late_col)
 
 
 def temporal_join(

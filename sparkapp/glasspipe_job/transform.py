@@ -36,10 +36,11 @@ KAFKA_TIMESTAMP = "_gp_kafka_timestamp"  # the record's Kafka timestamp: end-to-
 DUPLICATE = "_gp_duplicate"
 WARMUP = "_gp_warmup"
 LATE = "_gp_late"
+DEAD = "_gp_dead"  # a dead row on its way to the dead-letter topic, through the stateful operators untouched
 CORRUPT = "_gp_corrupt"
 META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
-# The record's Kafka key, for its dead letter. Not among META_COLUMNS: those are part of a join's state, whose
-# schema a running pipeline's checkpoint fixes (a late row of a join is dead-lettered without its key).
+# The record's Kafka key, for its dead letter. Not among META_COLUMNS, which a joined row gets (NULL) by name:
+# a joined row has two keys, and the join operator keeps neither in its state.
 KEY = "_gp_key"
 log = logging.getLogger("glasspipe.job")
 
@@ -227,7 +228,7 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
 
     window_s = parse_duration_ms(source.deduplication.window) / 1000
     out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
-                                    flag_col=DUPLICATE, passthrough_col="_gp_dead",
+                                    flag_col=DUPLICATE, passthrough_col=DEAD,
                                     partition_col="_gp_partition", offset_col="_gp_offset",
                                     late_col=LATE if dead_letter_late else None)
     if not dead_letter_late:
@@ -247,16 +248,18 @@ def late_reason(source: models.Source, joined: bool = False) -> Column:
 
 
 def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -> DataFrame:
-    """One join side's ok rows behind the watermark, in the shape the join operator reads.
+    """One join side's ok and dead rows behind the watermark, in the shape the join reads.
 
-    With deduplication, one JVM operator flags duplicates (``DUPLICATE``) and late rows (``LATE``);
-    ``EVENT_TIME`` is then NULL on late rows. Without, the side has no operator of its own (no shuffle,
-    no state store): ``LATE`` is NULL and the join operator decides it against the same watermark.
-    Either way ``EVENT_TIME`` leaves without the watermark's mark, so Spark drops no late row before
-    the join: they go to the dead-letter topic instead (join.py).
+    Dead rows (``DEAD``) go through the join too, untouched, so each topic is read and parsed once per
+    batch. With deduplication, one JVM operator flags duplicates (``DUPLICATE``) and late rows
+    (``LATE``) and passes dead rows; ``EVENT_TIME`` is then NULL on late rows. Without, the side has no
+    operator of its own (no shuffle, no state store): ``LATE`` is NULL and the join operator decides it
+    against the same watermark. Either way ``EVENT_TIME`` leaves without the watermark's mark, so Spark
+    drops no late row before the join: they go to the dead-letter topic instead (join.py). Dead rows
+    have no event time, so they never move the watermark.
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
-    df = df.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
+    df = with_dead_flag(df).withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
     dedup = source.deduplication
     if dedup is None:
         return (df.withColumn(DUPLICATE, F.lit(False)).withColumn(LATE, F.lit(None).cast("boolean"))
@@ -265,7 +268,8 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -
 
     out = flag_late_before_join(
         df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000,
-        flag_col=DUPLICATE, late_col=LATE, partition_col="_gp_partition", offset_col="_gp_offset")
+        flag_col=DUPLICATE, late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition",
+        offset_col="_gp_offset")
     return (out.withColumn(REASON, F.when(F.col(LATE), late_reason(source, joined=True)).otherwise(F.col(REASON)))
             .drop(EVENT_TIME).withColumn(EVENT_TIME, _without_watermark_mark(F.col(LATE_GUARD_COL)))
             .drop(LATE_GUARD_COL))
@@ -278,20 +282,19 @@ def _without_watermark_mark(event_time: Column) -> Column:
 
 
 def with_dead_flag(df: DataFrame) -> DataFrame:
-    return df.withColumn("_gp_dead", F.col(STATUS) == "dead")
+    return df.withColumn(DEAD, F.col(STATUS) == "dead")
 
 
 def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence[str] | None = None) -> DataFrame:
     """One source's rows after ``parse_and_check``: counted (``observe``), filtered, deduplicated.
 
     Alone (single-topic path) dead rows pass through flagged and late rows become dead rows. Before a
-    join (``join_keys``: this side's join keys) only ok rows are kept (join.py routes dead rows round
-    the join) and late rows come out flagged in ``LATE`` with their reason, for join.py to route round
-    the join too.
+    join (``join_keys``: this side's join keys) dead rows come out flagged in ``DEAD`` and late rows in
+    ``LATE`` with their reason, for the join operator to pass through to the dead-letter topic.
     """
     rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
     if join_keys is not None:
-        return _join_side(rows.where(F.col(STATUS) == "ok"), source, join_keys)
+        return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys)
     return deduplicate(with_dead_flag(rows), source, dead_letter_late=True)
 
 

@@ -79,18 +79,18 @@ public final class WindowDedup {
   /**
    * One side of a join: late rows flagged in {@code lateCol} (not dropped), and, with {@code windowMs}
    * > 0, deduplicated as {@link #deduplicate} does ({@code flagCol} marks duplicates; 0: no
-   * deduplication and no state). A row is late at or below the watermark ({@code t <= watermark}, as
+   * deduplication and no state); rows with {@code passthroughCol} true (dead rows) pass untouched. A row is late at or below the watermark ({@code t <= watermark}, as
    * the join counts it). The output's watermarked event time is {@link #LATE_GUARD_COL}: the event
    * time of each row that is not late, NULL for late rows, so a late row passes the join's own
    * watermark filter and the caller can route it round the join to the dead-letter topic.
    */
   public static Dataset<Row> flagLateBeforeJoin(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String partitionCol, String offsetCol, String lateCol) {
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
     if (lateCol == null) {
       throw new IllegalArgumentException("flagLateBeforeJoin needs lateCol");
     }
-    return build(df, keys, eventTimeCol, windowMs, flagCol, null, partitionCol, offsetCol, lateCol, true);
+    return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, true);
   }
 
   private static Dataset<Row> build(
