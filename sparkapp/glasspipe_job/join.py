@@ -162,7 +162,8 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
         left_col=left.name, right_col=right.name, window_seconds=parse_duration_ms(join.window) / 1000,
         left_outer=join.type != "inner")
     late = F.col(PASS)  # dead and late rows
-    # the join operator flagged the late rows of a side without dedup: their reason is written here
+    # late rows (flagged by a side's dedup operator or by the join operator) get their reason here;
+    # dead rows keep their own
     late_here = late & F.col(REASON).isNull()
     joined = out.select(
         F.when(~late, F.col(left.name)).alias(left.name),

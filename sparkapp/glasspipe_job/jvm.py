@@ -105,24 +105,23 @@ def flag_late_before_join(
     df: DataFrame,
     keys: list[str],
     event_time_col: str,
-    window_seconds: float | None,
+    window_seconds: float,
     flag_col: str,
     late_col: str,
     passthrough_col: str | None = None,
     partition_col: str | None = None,
     offset_col: str | None = None,
 ) -> DataFrame:
-    """One join side: late rows flagged in ``late_col`` instead of dropped by Spark, deduplicated as
-    ``deduplicate_within_window`` does when ``window_seconds`` is set (None: flag only, no state).
-    Rows with ``passthrough_col`` true (dead rows) pass untouched, neither late nor duplicates.
+    """One join side with deduplication: late rows flagged in ``late_col`` instead of dropped by Spark,
+    deduplicated as ``deduplicate_within_window`` does. Rows with ``passthrough_col`` true (dead rows)
+    pass untouched, neither late nor duplicates.
 
-    A row is late at or below the watermark, as the join counts it. The result's watermarked event
-    time is the column ``LATE_GUARD_COL``: the event time of each row that is not late, NULL for late
-    rows, so late rows pass the join's own watermark filter and can be routed round the join; the
-    join reads it as its event time. ``keys``: the dedup keys, or the join keys (the grouping only).
+    A row is late at or below the watermark, as the join counts it. ``event_time_col`` comes out as a
+    copy without the watermark's mark; the marked column is ``LATE_GUARD_COL`` (the event time of each
+    row that is not late, NULL for late rows), which the caller drops before the join.
     """
-    window_ms = round(window_seconds * 1000) if window_seconds is not None else 0
-    if window_seconds is not None and window_ms <= 0:
+    window_ms = round(window_seconds * 1000)
+    if window_ms <= 0:
         raise ValueError(f"window_seconds must be positive, got {window_seconds}")
     return _call_static(df, JVM_ENTRY, "flagLateBeforeJoin", list(keys), event_time_col, window_ms, flag_col,
                         passthrough_col, partition_col, offset_col, late_col)
@@ -149,9 +148,10 @@ def temporal_join(
     arrives, as a row with ``side_col`` = JOIN_BOTH and both structs (``left_col``, ``right_col``). Rows
     are evicted by event-time timers when the watermark reaches ``t + window``; with ``left_outer`` a
     left row that matched nothing is emitted then (side JOIN_LEFT, right struct NULL). Rows with
-    ``late_col`` true pass through at once without entering state. ``df`` must carry the watermark on
-    ``event_time_col`` (NULL on late rows: see ``flag_late_before_join``); the result has ``df``'s
-    columns and no watermark, so nothing stateful may follow.
+    ``late_col`` true, or NULL and at or below the watermark, pass through at once (late flag true)
+    without entering state. The query must define a watermark upstream, but no column of ``df`` may
+    carry its mark (Spark would drop late rows first); the result has ``df``'s columns and no
+    watermark, so nothing stateful may follow.
     """
     window_ms = round(window_seconds * 1000)
     if window_ms < 0:

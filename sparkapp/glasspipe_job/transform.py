@@ -252,11 +252,11 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -
 
     Dead rows (``DEAD``) go through the join too, untouched, so each topic is read and parsed once per
     batch. With deduplication, one JVM operator flags duplicates (``DUPLICATE``) and late rows
-    (``LATE``) and passes dead rows; ``EVENT_TIME`` is then NULL on late rows. Without, the side has no
-    operator of its own (no shuffle, no state store): ``LATE`` is NULL and the join operator decides it
-    against the same watermark. Either way ``EVENT_TIME`` leaves without the watermark's mark, so Spark
-    drops no late row before the join: they go to the dead-letter topic instead (join.py). Dead rows
-    have no event time, so they never move the watermark.
+    (``LATE``) and passes dead rows. Without, the side has no operator of its own (no shuffle, no state
+    store): ``LATE`` is NULL and the join operator decides it against the same watermark. Either way no
+    column leaves with the watermark's mark, so Spark drops no late row before the join: they go to the
+    dead-letter topic instead, with the reason join.py writes. Dead rows have no event time, so they
+    never move the watermark.
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
     df = with_dead_flag(df).withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
@@ -270,9 +270,8 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -
         df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000,
         flag_col=DUPLICATE, late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition",
         offset_col="_gp_offset")
-    return (out.withColumn(REASON, F.when(F.col(LATE), late_reason(source, joined=True)).otherwise(F.col(REASON)))
-            .drop(EVENT_TIME).withColumn(EVENT_TIME, _without_watermark_mark(F.col(LATE_GUARD_COL)))
-            .drop(LATE_GUARD_COL))
+    # the operator's EVENT_TIME is already a copy without the mark; its marked column is the guard
+    return out.drop(LATE_GUARD_COL)
 
 
 def _without_watermark_mark(event_time: Column) -> Column:

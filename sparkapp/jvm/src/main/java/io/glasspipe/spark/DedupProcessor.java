@@ -40,8 +40,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>Before a join ({@code guardIndex} >= 0) a row is late at or below the watermark, as Spark's join
  * operator counts it ({@code t <= watermark}), and every row that is not late carries its event time
  * in the guard column: that column is the watermarked event time the join reads, so the join drops
- * nothing. With {@code dedup} false the processor only flags late rows and keeps no state (a join
- * side without deduplication).
+ * nothing.
  *
  * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and
  * offset), so a replayed micro-batch with the same rows gives the same result.
@@ -62,7 +61,6 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private final LongAccumulator keysInTwoPartitions;
   private final boolean flagLate;
   private final int guardIndex;
-  private final boolean dedup;
   private transient ValueState<Tuple2<Long, Integer>> firstSeen;
 
   /**
@@ -73,17 +71,16 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
       int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate) {
     this(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions,
-        flagLate, -1, true);
+        flagLate, -1);
   }
 
   /**
    * @param guardIndex index of the guard column set to the event time of every row that is not late
    *     (before a join); -1: none
-   * @param dedup false: only flag late rows, keep no state
    */
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
       int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate,
-      int guardIndex, boolean dedup) {
+      int guardIndex) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
@@ -93,7 +90,6 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     this.keysInTwoPartitions = keysInTwoPartitions;
     this.flagLate = flagLate;
     this.guardIndex = guardIndex;
-    this.dedup = dedup;
   }
 
   private long offsetOf(Row row) {
@@ -162,8 +158,6 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
         out.add(emitDropped ? flagged(row, false, false) : row);
       } else if (isLate(row, watermark)) {
         out.add(flagged(row, false, true));
-      } else if (!dedup) {
-        out.add(flagged(row, false, false));
       } else {
         batch.add(row);
       }

@@ -50,7 +50,7 @@ public final class TemporalJoin {
    *
    * @param keys the join key columns (the grouping); rows with a NULL key match nothing
    * @param sideCol INT: {@link JoinProcessor#LEFT} or {@link JoinProcessor#RIGHT}
-   * @param eventTimeCol TIMESTAMP: the event time (NULL on late rows)
+   * @param eventTimeCol TIMESTAMP: the event time (not read on rows that pass through)
    * @param lateCol BOOLEAN: true (flagged by a side's {@link WindowDedup#flagLateBeforeJoin}) or NULL and
    *     at or below the watermark: the row passes through at once, late flag true, and never enters state
    * @param warmupCol BOOLEAN: warm-up rows (see handover.py); a joined row is warm-up if both rows are

@@ -77,12 +77,12 @@ public final class WindowDedup {
   }
 
   /**
-   * One side of a join: late rows flagged in {@code lateCol} (not dropped), and, with {@code windowMs}
-   * > 0, deduplicated as {@link #deduplicate} does ({@code flagCol} marks duplicates; 0: no
-   * deduplication and no state); rows with {@code passthroughCol} true (dead rows) pass untouched. A row is late at or below the watermark ({@code t <= watermark}, as
-   * the join counts it). The output's watermarked event time is {@link #LATE_GUARD_COL}: the event
-   * time of each row that is not late, NULL for late rows, so a late row passes the join's own
-   * watermark filter and the caller can route it round the join to the dead-letter topic.
+   * One side of a join with deduplication: late rows flagged in {@code lateCol} (not dropped) and
+   * deduplicated as {@link #deduplicate} does ({@code flagCol} marks duplicates); rows with
+   * {@code passthroughCol} true (dead rows) pass untouched. A row is late at or below the watermark
+   * ({@code t <= watermark}, as the join counts it). The output's watermarked event time is
+   * {@link #LATE_GUARD_COL}: the event time of each row that is not late, NULL for late rows. (A side
+   * without deduplication needs no operator: the join flags its late rows.)
    */
   public static Dataset<Row> flagLateBeforeJoin(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
@@ -106,7 +106,7 @@ public final class WindowDedup {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
-    if (windowMs <= 0 && !beforeJoin) {
+    if (windowMs <= 0) {
       throw new IllegalArgumentException("windowMs must be positive, got " + windowMs);
     }
     StructType schema = df.schema();
@@ -151,7 +151,7 @@ public final class WindowDedup {
     int guardIndex = beforeJoin ? schema.fieldIndex(LATE_GUARD_COL) : -1;
     DedupProcessor processor = new DedupProcessor(
         etIndex, windowMs, flagCol != null, passthroughIndex, partitionIndex, offsetIndex,
-        keysInTwoPartitions, lateCol != null, guardIndex, windowMs > 0);
+        keysInTwoPartitions, lateCol != null, guardIndex);
     return df.groupBy(keyCols)
         .as(Encoders.row(keySchema), Encoders.row(schema))
         .transformWithState(processor, lateCol != null ? LATE_GUARD_COL : eventTimeCol, OutputMode.Append(),
