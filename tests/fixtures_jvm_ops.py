@@ -33,19 +33,12 @@ def jvm_ops_jar() -> str:
 @pytest.fixture(scope="session")
 def spark(jvm_ops_jar: str) -> Iterator[Any]:
     """The one local[2] SparkSession of a test run (spark.jars is fixed when the JVM starts): Kafka
-    connector + glasspipe's JVM operators, RocksDB state store with changelog checkpointing, as the
-    job runs it."""
+    connector + glasspipe's JVM operators, and the Spark settings the job requires (RocksDB state store
+    with changelog checkpointing, glasspipe's checkpoint file manager), as the job runs them."""
+    from glasspipe.contract import REQUIRED_SPARK_CONF
     from glasspipe_dev.spark import local_spark_session
 
-    session = local_spark_session(
-        "glasspipe-tests",
-        extra_jars=[jvm_ops_jar],
-        extra_conf={
-            "spark.sql.streaming.stateStore.providerClass":
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        },
-    )
+    session = local_spark_session("glasspipe-tests", extra_jars=[jvm_ops_jar], extra_conf=REQUIRED_SPARK_CONF)
     try:
         yield session
     finally:
