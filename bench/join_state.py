@@ -8,7 +8,9 @@ window ``--window``, allowed lateness ``--lateness`` on both sides) in this proc
 (local[2]), and a generator process that produces ``--rate`` orders and ``--rate`` user events per
 second with event time = now, each order matching exactly one user event (``--rate`` matched pairs/s).
 Every 5 s it prints the query progress: input and processed rows/s, the join's state rows
-(``numRowsTotal``) and RocksDB memory (``memoryUsedBytes``), rows landed in ClickHouse, and Kafka lag.
+(``numRowsTotal``: 0 unless ``--conf spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows=true``,
+which the job turns off for speed) and RocksDB memory (``memoryUsedBytes``), rows landed in ClickHouse,
+and Kafka lag.
 Expected steady state: each side holds ~rate x (window + lateness + batch interval) rows. At the end
 it prints every micro-batch's progress (records read, durations, state rows, RocksDB memory, the join's
 update / eviction / commit times) and the sustained rate. ``--conf k=v`` adds Spark settings, e.g.

@@ -174,12 +174,18 @@ METRIC_LAST_COMMITTED_EVENT_TIME = "glasspipe_last_committed_event_time_seconds"
 
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|sasl[.]jaas|ssl[.]keystore[.]key"
 
+STATE_ROW_COUNT_CONF = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
+
 # Spark settings the job relies on (the dedup operator's transformWithState needs RocksDB). The JVM operators
 # jar (sparkapp/jvm) is on the job's classpath wherever it runs.
 REQUIRED_SPARK_CONF: dict[str, str] = {
     "spark.sql.streaming.stateStore.providerClass":
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
+    # With the default (true) every state write first reads its key to keep a row count: the join runs
+    # 10-12 % slower (docs/benchmarks.md). glasspipe_state_rows then reads 0; glasspipe_state_*_bytes
+    # report the state's size. spec.spark.conf may turn it back on.
+    STATE_ROW_COUNT_CONF: "false",
     # Spark's checkpoint file manager, but on a local disk it writes and renames without starting a
     # process per file (Hadoop without its native library does: chmod, readlink); in the job's JVM jar.
     "spark.sql.streaming.checkpointFileManagerClass": "io.glasspipe.spark.LocalCheckpointFileManager",

@@ -54,7 +54,14 @@ class JobMetrics:
         self.rows_written = counter("glasspipe_rows_written", "Rows inserted into ClickHouse")
         self.batch_seconds = Histogram("glasspipe_batch_duration_seconds", "Micro-batch write duration", names,
                                        registry=self.registry).labels(**labels)
-        self.state_rows = gauge("glasspipe_state_rows", "Rows in the streaming state store")
+        self.state_rows = gauge(
+            "glasspipe_state_rows",
+            f"Rows in the streaming state store: only counted with {contract.STATE_ROW_COUNT_CONF}=true in "
+            "spec.spark.conf (off by default for speed), 0 otherwise")
+        self.state_disk_bytes = gauge(
+            "glasspipe_state_disk_bytes", "State store files on the executors' local disk (RocksDB SST files)")
+        self.state_memory_bytes = gauge(
+            "glasspipe_state_memory_bytes", "State store memory (RocksDB memtables, block cache, pinned blocks)")
         self.lag = gauge("glasspipe_consumer_lag", "Records behind the newest offsets, summed over partitions")
         self.keys_in_two_partitions = gauge(
             "glasspipe_keys_in_two_partitions",
@@ -109,13 +116,17 @@ class JobMetrics:
                 n_dup = int(row.get("duplicates") or 0)
                 self.duplicates.inc(n_dup)
                 self.totals.duplicates += n_dup
-        state_rows = 0
+        state_rows = disk = memory = 0
         for op in progress.get("stateOperators") or []:
             state_rows += int(op.get("numRowsTotal") or 0)
+            disk += int((op.get("customMetrics") or {}).get("rocksdbSstFileSize") or 0)
+            memory += int(op.get("memoryUsedBytes") or 0)
             late = int(op.get("numRowsDroppedByWatermark") or 0)
             self.late.inc(late)
             self.totals.late += late
         self.state_rows.set(state_rows)
+        self.state_disk_bytes.set(disk)
+        self.state_memory_bytes.set(memory)
         lag = 0
         for src in progress.get("sources") or []:
             lag += offsets_behind(src.get("endOffset"), src.get("latestOffset"))

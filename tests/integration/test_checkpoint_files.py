@@ -1,6 +1,7 @@
 """glasspipe's checkpoint file manager (io.glasspipe.spark.LocalCheckpointFileManager) on real local Spark:
 the atomic-write contract Spark's offset log and state stores rely on, and a checkpoint that moves
-between it and Spark's default manager in both directions without a batch replayed or lost."""
+between the job's settings (that manager, state rows not counted) and Spark's defaults in both directions
+without a batch replayed or lost."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from glasspipe.contract import REQUIRED_SPARK_CONF
+from glasspipe.contract import REQUIRED_SPARK_CONF, STATE_ROW_COUNT_CONF
 
 pytestmark = pytest.mark.integration
 
@@ -19,8 +20,9 @@ MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 MANAGER = "io.glasspipe.spark.LocalCheckpointFileManager"
 
 
-def test_the_job_runs_with_the_local_manager() -> None:
+def test_the_job_runs_with_the_local_manager_and_uncounted_state_rows() -> None:
     assert REQUIRED_SPARK_CONF[MANAGER_CONF] == MANAGER
+    assert REQUIRED_SPARK_CONF[STATE_ROW_COUNT_CONF] == "false"
 
 
 @pytest.fixture
@@ -91,12 +93,14 @@ class CountingQuery:
     def _record(self, df: Any, batch_id: int) -> None:
         self.batches.append((batch_id, sorted((r.value, r["count"]) for r in df.collect())))
 
-    def run_once(self, manager: str | None) -> None:
-        """Start with ``manager`` (None: Spark's default), process what is there, stop."""
+    def run_once(self, manager: str | None, count_rows: bool) -> None:
+        """Start with ``manager`` (None: Spark's default) and the state's rows counted or not, process what
+        is there, stop."""
         if manager is None:
             self.spark.conf.unset(MANAGER_CONF)
         else:
             self.spark.conf.set(MANAGER_CONF, manager)
+        self.spark.conf.set(STATE_ROW_COUNT_CONF, str(count_rows).lower())
         q = (self.spark.readStream.option("maxFilesPerTrigger", 1).text(str(self.src))
              .groupBy("value").count()  # a state store too, so its files move between managers
              .writeStream.outputMode("update")
@@ -110,21 +114,24 @@ class CountingQuery:
 
 @pytest.fixture
 def counting(spark: Any, tmp_path: Path) -> Iterator[CountingQuery]:
-    before = spark.conf.get(MANAGER_CONF, None)
+    before = {k: spark.conf.get(k, None) for k in (MANAGER_CONF, STATE_ROW_COUNT_CONF)}
     yield CountingQuery(spark, tmp_path)
-    if before is None:
-        spark.conf.unset(MANAGER_CONF)
-    else:
-        spark.conf.set(MANAGER_CONF, before)
+    for k, v in before.items():
+        if v is None:
+            spark.conf.unset(k)
+        else:
+            spark.conf.set(k, v)
 
 
 def test_a_checkpoint_moves_between_the_default_manager_and_glasspipes(counting: CountingQuery) -> None:
+    """An upgrade and a rollback: Spark's defaults (its manager, rows counted), then the job's settings,
+    then the defaults again, on one checkpoint."""
     counting.put("a")
-    counting.run_once(None)  # Spark's own manager writes the first batch
+    counting.run_once(None, count_rows=True)  # Spark's own manager writes the first batch
     counting.put("b")
-    counting.run_once(MANAGER)  # glasspipe's continues it
+    counting.run_once(MANAGER, count_rows=False)  # glasspipe's continues it
     counting.put("a")
-    counting.run_once(None)  # and Spark's takes it back
+    counting.run_once(None, count_rows=True)  # and Spark's takes it back
     assert counting.batches == [(0, [("a", 1)]), (1, [("b", 1)]), (2, [("a", 2)])], \
         "every batch once, in order, none replayed, and the state carried across (a counted twice)"
     state_files = sorted(p.name for p in (counting.ckpt / "state" / "0").rglob("*") if p.is_file())

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from glasspipe.contract import STATE_ROW_COUNT_CONF
 from glasspipe_job.jvm import deduplicate_within_window
 
 pytestmark = pytest.mark.integration
@@ -45,6 +46,8 @@ class Stream:
         self.n += 1
 
     def start(self) -> None:
+        # these tests read the state's row count (numRowsTotal), which the job leaves off for speed
+        self.spark.conf.set(STATE_ROW_COUNT_CONF, "true")
         src = (
             self.spark.readStream.schema(SCHEMA)
             .option("maxFilesPerTrigger", 1)

@@ -72,7 +72,8 @@ def test_dashboard_references_only_real_metrics() -> None:
 def test_dashboard_shows_what_an_operator_needs() -> None:
     used = {name for q in queries(DASHBOARD) for name in SERIES.findall(q)}
     for name in ("glasspipe_rows_written_total", "glasspipe_duplicates_dropped_total",
-                 "glasspipe_dead_letters_by_reason_total", "glasspipe_consumer_lag", "glasspipe_state_rows",
+                 "glasspipe_dead_letters_by_reason_total", "glasspipe_consumer_lag", "glasspipe_state_disk_bytes",
+                 "glasspipe_state_memory_bytes",
                  "glasspipe_batch_duration_seconds_bucket", "glasspipe_pipeline_ready_replicas",
                  "glasspipe_operator_reconciles_total", "glasspipe_end_to_end_latency_seconds_bucket",
                  "glasspipe_event_time_lag_seconds_bucket", "glasspipe_last_committed_event_time_seconds"):

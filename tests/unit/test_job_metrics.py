@@ -11,7 +11,9 @@ pytestmark = pytest.mark.unit
 
 PROGRESS = {
     "observedMetrics": {"input_sms": {"records_in": 120, "dead": 3, "filtered": 7, "warmup": 40}},
-    "stateOperators": [{"numRowsTotal": 5000, "numRowsDroppedByWatermark": 2}],
+    "stateOperators": [{"numRowsTotal": 5000, "numRowsDroppedByWatermark": 2, "memoryUsedBytes": 300,
+                        "customMetrics": {"rocksdbSstFileSize": 7000}},
+                       {"numRowsTotal": 0, "memoryUsedBytes": 50, "customMetrics": {"rocksdbSstFileSize": 1000}}],
     "sources": [{"endOffset": '{"sms":{"0":100,"1":50}}', "latestOffset": '{"sms":{"0":130,"1":50}}'}],
 }
 
@@ -30,6 +32,8 @@ def test_progress_feeds_counters_and_gauges() -> None:
     assert value(m, "glasspipe_records_filtered_total") == 14
     assert value(m, "glasspipe_late_records_dropped_total") == 4
     assert value(m, "glasspipe_state_rows") == 5000
+    assert value(m, "glasspipe_state_disk_bytes") == 8000  # a gauge: the newest progress, summed over operators
+    assert value(m, "glasspipe_state_memory_bytes") == 350
     assert value(m, "glasspipe_consumer_lag") == 30
     assert (m.totals.records_in, m.totals.warmup) == (240, 80)
 
