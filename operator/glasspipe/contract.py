@@ -175,6 +175,7 @@ METRIC_LAST_COMMITTED_EVENT_TIME = "glasspipe_last_committed_event_time_seconds"
 SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|sasl[.]jaas|ssl[.]keystore[.]key"
 
 STATE_ROW_COUNT_CONF = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
+CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 
 # Spark settings the job relies on (the dedup operator's transformWithState needs RocksDB). The JVM operators
 # jar (sparkapp/jvm) is on the job's classpath wherever it runs.
@@ -188,7 +189,7 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
     STATE_ROW_COUNT_CONF: "false",
     # Spark's checkpoint file manager, but on a local disk it writes and renames without starting a
     # process per file (Hadoop without its native library does: chmod, readlink); in the job's JVM jar.
-    "spark.sql.streaming.checkpointFileManagerClass": "io.glasspipe.spark.LocalCheckpointFileManager",
+    CHECKPOINT_FILE_MANAGER_CONF: "io.glasspipe.spark.LocalCheckpointFileManager",
     # Spark's default plus the Kafka options that carry credentials (the SASL JAAS config holds the password,
     # ssl.keystore.key the mTLS private key): redacted wherever Spark prints options or its configuration.
     "spark.redaction.regex": SPARK_REDACTION_REGEX,

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from glasspipe.contract import CHECKPOINT_FILE_MANAGER_CONF as MANAGER_CONF
 from glasspipe.contract import REQUIRED_SPARK_CONF, STATE_ROW_COUNT_CONF
 
 pytestmark = pytest.mark.integration
 
-MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 MANAGER = "io.glasspipe.spark.LocalCheckpointFileManager"
 
 

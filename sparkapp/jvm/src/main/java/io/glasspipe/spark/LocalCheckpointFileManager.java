@@ -33,8 +33,8 @@ public class LocalCheckpointFileManager extends FileContextBasedCheckpointFileMa
 
   public LocalCheckpointFileManager(Path path, Configuration hadoopConf) {
     super(path, hadoopConf);
-    String scheme = path.toUri().getScheme();
-    this.local = isLocal() && (scheme == null || "file".equals(scheme));
+    // the file context is the path's own file system (or the default one, for a path without a scheme)
+    this.local = isLocal();
   }
 
   private static File fileOf(Path path) {
