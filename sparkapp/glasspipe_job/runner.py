@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from glasspipe.api import models
+from glasspipe.api.validation import table_sort_key
 from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters
 from glasspipe_job.clickhouse.connection import Connection
@@ -90,12 +91,11 @@ def make_table(config: JobConfig) -> ClickHouseTable:
     spec = config.spec
     ch = spec.sink.clickhouse
     user, password = config.clickhouse_credentials
-    dedup_keys = next((list(s.deduplication.keys) for s in spec.sources if s.deduplication), None)
     connection = Connection(list(ch.hosts), ch.database, user=user, password=password, secure=ch.secure,
                             ca_file=config.clickhouse_ca_file, insert_block_size=ch.batching.max_rows,
                             mutation_deadline=config.mutation_deadline)
     return ClickHouseTable(connection, ch.table, config.columns, create_table=ch.create_table,
-                           order_by=ch.order_by or dedup_keys)
+                           order_by=table_sort_key(spec, config.columns))
 
 
 def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, owned: ho.Offsets) -> Fence:

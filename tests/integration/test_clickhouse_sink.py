@@ -19,9 +19,12 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+import yaml
 
-from glasspipe.api.validation import OutputColumn
+from glasspipe import contract
+from glasspipe.api.validation import OutputColumn, validate_spec
 from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.paths import REPO_ROOT
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
 from glasspipe_job.clickhouse.sink import ClickHouseSink, WriteResult
@@ -389,3 +392,25 @@ def test_permanent_errors_say_what_to_fix(clickhouse: ClickHouseServer) -> None:
 
     with pytest.raises(SinkError, match=r"code 193|code 516|wrong password|credentialsSecretRef"):
         sink_for(clickhouse, new_table(), password="nope").open()
+
+
+def test_a_table_whose_dedup_key_column_is_nullable_is_created(clickhouse: ClickHouseServer) -> None:
+    """A dedup key field left nullable (the default) gives a Nullable column, which ClickHouse refuses in a sorting
+    key: the job's table is then sorted by its first column that is not Nullable instead of failing to start."""
+    from glasspipe_job.config import load_job_config
+    from glasspipe_job.runner import make_table
+
+    doc = yaml.safe_load((REPO_ROOT / "examples" / "sms-dedup.yaml").read_text())
+    spec = doc["spec"]
+    spec["sources"][0]["schema"]["fields"][0]["nullable"] = True  # sms_id: Nullable(String)
+    del spec["sink"]["clickhouse"]["orderBy"]
+    table = new_table()
+    spec["sink"]["clickhouse"].update(hosts=[f"{clickhouse.host}:{clickhouse.port}"], table=table)
+    config = load_job_config(contract.write_job_config("default", "nullable-key", validate_spec(spec)[0], 0))
+    made = make_table(config)
+    try:
+        made.open()
+    finally:
+        made.close()
+    [(ddl,)] = clickhouse.client().execute(f"SHOW CREATE TABLE {table}")
+    assert "sms_id Nullable(String)" in ddl and "ORDER BY sent_at" in ddl, ddl

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 import yaml
 
-from glasspipe.api.validation import SpecInvalid, validate_resource
+from glasspipe.api.validation import SpecInvalid, table_sort_key, validate_resource
 from glasspipe.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +98,29 @@ def test_default_columns_clash_in_join() -> None:
     doc["spec"]["sink"]["clickhouse"]["orderBy"] = ["order_id"]
     msgs = problems_of(doc)
     assert any("field 'user_id' is in sources 'orders' and 'users'" in m for m in msgs)
+
+
+def test_sorting_a_created_table_by_a_nullable_column_is_rejected() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sink"]["clickhouse"]["orderBy"] = ["sms_id", "status"]  # status: nullable by default
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sink.clickhouse.orderBy[1]: 'status' is Nullable(String)")
+    assert "declare its field nullable: false" in msg
+    doc["spec"]["sink"]["clickhouse"]["createTable"] = False  # the table is the user's: its key is theirs
+    validate_resource(doc)
+
+
+def test_a_created_table_is_sorted_by_the_dedup_keys_only_when_they_can_be_a_sorting_key() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sink"]["clickhouse"].pop("orderBy", None)
+    assert table_sort_key(*validate_resource(doc)) == ["sms_id"]
+    doc["spec"]["sources"][0]["schema"]["fields"][0]["nullable"] = True  # a Nullable(String) sms_id column
+    assert table_sort_key(*validate_resource(doc)) is None
+    doc["spec"]["sources"][0]["schema"]["fields"][0]["nullable"] = False
+    doc["spec"]["sink"]["clickhouse"]["columns"] = [{"name": "status"}, {"name": "sent_at"}]  # no sms_id column
+    assert table_sort_key(*validate_resource(doc)) is None
+    doc["spec"]["sink"]["clickhouse"]["orderBy"] = ["sent_at"]
+    assert table_sort_key(*validate_resource(doc)) == ["sent_at"]
 
 
 def test_join_key_type_mismatch() -> None:

@@ -385,11 +385,29 @@ class _Checker:
 
     def check_order_by(self, columns: list[OutputColumn]) -> None:
         sink = self.spec.sink.clickhouse
-        names = {c.name for c in columns}
+        types = {c.name: c.clickhouse_type for c in columns}
         for i, key in enumerate(sink.order_by or []):
-            if key not in names:
+            if key not in types:
                 self.add(f"spec.sink.clickhouse.orderBy[{i}]", f"{key!r} is not an output column "
-                         f"(columns: {', '.join(sorted(names))})")
+                         f"(columns: {', '.join(sorted(types))})")
+            elif sink.create_table and parse_clickhouse_type(types[key]).nullable:
+                self.add(f"spec.sink.clickhouse.orderBy[{i}]", f"{key!r} is {types[key]}, and ClickHouse cannot "
+                         "sort a table by a Nullable column: declare its field nullable: false (a record without "
+                         "it then goes to the dead-letter topic), give the column a type that is not Nullable, "
+                         "or sort by other columns")
+
+
+def table_sort_key(spec: models.GlassPipelineSpec, columns: list[OutputColumn]) -> list[str] | None:
+    """The sorting key of a table glasspipe creates: ``sink.clickhouse.orderBy``; else the deduplication keys when
+    each is an output column that is not Nullable (ClickHouse refuses a Nullable sorting key, and a key may
+    not be among the columns at all); else None, and the job sorts by its first column that is not Nullable."""
+    if spec.sink.clickhouse.order_by:
+        return list(spec.sink.clickhouse.order_by)
+    keys = next((list(s.deduplication.keys) for s in spec.sources if s.deduplication), [])
+    types = {c.name: c.clickhouse_type for c in columns}
+    if keys and all(k in types and not parse_clickhouse_type(types[k]).nullable for k in keys):
+        return keys
+    return None
 
 
 def _pydantic_problems(err: ValidationError) -> list[Problem]:
