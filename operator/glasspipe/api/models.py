@@ -407,7 +407,8 @@ class ClickHouseSink(ApiModel):
     )
     create_table: bool = Field(False, description="Create the table (MergeTree) if it does not exist.")
     order_by: list[Name] | None = Field(
-        None, max_length=8, description="ORDER BY of a created table. Default: the deduplication keys or first column."
+        None, max_length=8, description="ORDER BY of a created table (no Nullable column). Default: the deduplication "
+        "keys when none of their columns is Nullable, else the first column that is not Nullable."
     )
     columns: list[Column] | None = Field(
         None, max_length=512, json_schema_extra=_map_list("name"),
