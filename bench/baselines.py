@@ -260,7 +260,8 @@ def main() -> int:
     if unknown := set(only) - set(VARIANTS):
         p.error(f"--only: unknown {sorted(unknown)}; choose from {','.join(VARIANTS)}")
     become_subreaper()
-    with tempfile.TemporaryDirectory(prefix="gp-baselines-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
+    with (tempfile.TemporaryDirectory(prefix="gp-baselines-") as d, KafkaServer(long_running=True) as kafka,
+          ClickHouseServer() as ch):
         topic = "baseline-sms"
         kafka.create_topic(topic, args.partitions)
         kafka.create_topic(f"{topic}-dlq", 1)

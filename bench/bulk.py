@@ -187,7 +187,8 @@ def main() -> int:
                    "bench/profile_summary.py)")
     args = p.parse_args()
     become_subreaper()
-    with tempfile.TemporaryDirectory(prefix="gp-bulk-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
+    with (tempfile.TemporaryDirectory(prefix="gp-bulk-") as d, KafkaServer(long_running=True) as kafka,
+          ClickHouseServer() as ch):
         tmp = Path(d)
         topic = "bulk-sms"
         kafka.create_topic(topic, 4)

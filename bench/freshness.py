@@ -1,14 +1,17 @@
 """End-to-end freshness of a running glasspipe pipeline at fixed offered rates.
 
-Starts its own Kafka and ClickHouse, runs the sms-dedup pipeline continuously (`glasspipe run`, one
-replica, local Spark) and offers bench/workload.py's stream (10 % repeats) at each rate for a while.
+Starts its own Kafka (a broker with its production JIT) and ClickHouse, runs the sms-dedup pipeline
+continuously (`glasspipe run`, one replica, local Spark) and offers bench/workload.py's stream (10 % repeats)
+at each rate: a warm-up, then ``--settle`` seconds once the warm-up has landed, then the measured window.
+The events are made before they are offered (``Workload.plan``), so the producer costs ~3 us an event.
 A poller reads ClickHouse every 100 ms for rows it has not seen (by ``seq``, which numbers first
-occurrences); a row's latency is the poll that first saw it minus its ``sent_at`` (the moment it was
-produced, to the millisecond: the column ``sent_ms``; Kafka appends it within milliseconds). Figures
-printed before 2026-11-24 23:45 UTC used the ``DateTime`` column ``sent_at``, whole seconds, and so read
-each latency too long by the dropped fraction of a second (0.5 s on average).
-Prints, per rate: events offered, rows landed, p50 / p95 / p99 / max latency, and whether the pipeline
-kept up (every first occurrence landed, exactly once).
+occurrences; the table is sorted by it); a row's latency is the poll that first saw it minus its
+``sent_at`` (the moment it was produced, to the millisecond: the column ``sent_ms``; Kafka appends it
+within milliseconds). Figures printed before 2026-11-24 23:45 UTC used the ``DateTime`` column ``sent_at``,
+whole seconds, and so read each latency too long by the dropped fraction of a second (0.5 s on average).
+Prints, per rate: events offered, rows landed, p50 / p95 / p99 / max latency, whether the pipeline kept up
+(every first occurrence landed, exactly once), and the CPU of the pipeline, Kafka, ClickHouse and this
+process (producer and poller) while offering, in cores.
 
     python bench/freshness.py --rates 1000,10000 --seconds 60
     python bench/freshness.py --rates 5000 --window 8h --max-rows 5000 --trigger 10s   # the peer's load-test shape
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,13 +33,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from workload import Workload, produce_at_rate
+from thread_cpu import descendants, tree_cpu
+from workload import Workload, produce_plan
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.paths import java_binary
 from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
 
 POLL_S = 0.1
@@ -47,42 +56,67 @@ def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: d
     return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
                               seq_field=True, spark_conf=spark_conf, window=window,
                               extra_columns=[{"name": "sent_ms", "expression": "unix_millis(sent_at)",
-                                              "type": "Int64"}])
+                                              "type": "Int64"}],
+                              # sorted by seq, so that the poller's "seq > n" reads the newest rows only: sorted
+                              # by sms_id, its query read the whole table ten times a second (~0.3 cores of
+                              # ClickHouse at 2.4 M rows)
+                              order_by=["seq"])
 
 
 class Poller(threading.Thread):
-    """Sees rows land: latency of each first occurrence = first poll that saw it - its sent_at."""
+    """Sees rows land: latency of each first occurrence = first poll that saw it - its sent_ms. Columnar
+    reads and numpy bookkeeping: at 40 000 rows/s a poller of Python rows took a fifth of a core."""
 
     def __init__(self, ch: ClickHouseServer, table: str) -> None:
         super().__init__(daemon=True)
         self.client, self.table = ch.client(), table
         self.low = 0  # every seq <= low has been seen
-        self.above: set[int] = set()
-        self.latencies: list[float] = []
-        self.sent: list[float] = []  # sent_at of each latency, to see whether latency grew over the run
+        self.seen = np.zeros(1 << 20, dtype=bool)  # by seq; grows
+        self.latencies: list[np.ndarray] = []
+        self.sent: list[np.ndarray] = []  # sent_ms / 1000 of each latency, to see whether latency grew over the run
         self.rows = 0
         self.stop = threading.Event()
+
+    def reset(self) -> None:
+        """Forget the latencies so far (not the rows seen)."""
+        self.latencies.clear()
+        self.sent.clear()
+
+    def values(self, since: float) -> tuple[list[float], list[float]]:
+        """(latency, sent) in seconds of every row seen since the last reset that was sent at ``since`` or later
+        (a warm-up row that lands late is not one of the measured rows)."""
+        lat = np.concatenate(self.latencies) if self.latencies else np.zeros(0)
+        sent = np.concatenate(self.sent) if self.sent else np.zeros(0)
+        measured = sent >= since - 0.001  # sent_ms is whole milliseconds
+        return lat[measured].tolist(), sent[measured].tolist()
 
     def run(self) -> None:
         while not self.stop.is_set():
             started = time.time()
             try:
-                got = self.client.execute(f"SELECT seq, sent_ms FROM {self.table} WHERE seq > {self.low}")
+                got = self.client.execute(f"SELECT seq, sent_ms FROM {self.table} WHERE seq > {self.low}",
+                                          columnar=True)
             except Exception:  # the table appears with the first batch
                 got = []
             seen = time.time()
-            for seq, sent_ms in got:
-                if seq in self.above:
-                    continue
-                self.above.add(seq)
-                self.rows += 1
-                sent = sent_ms / 1000
-                self.latencies.append(seen - sent)
-                self.sent.append(sent)
-            while self.low + 1 in self.above:
-                self.low += 1
-                self.above.discard(self.low)
+            if got:
+                self._saw(np.asarray(got[0], dtype=np.int64), np.asarray(got[1], dtype=np.float64) / 1000, seen)
             time.sleep(max(0.0, POLL_S - (time.time() - started)))
+
+    def _saw(self, seqs: np.ndarray, sent: np.ndarray, at: float) -> None:
+        top = int(seqs.max())
+        if top >= len(self.seen):
+            self.seen = np.concatenate([self.seen, np.zeros(max(top + 1, 2 * len(self.seen)) - len(self.seen),
+                                                            dtype=bool)])
+        seqs, first = np.unique(seqs, return_index=True)  # a seq stored twice counts once (exact says the rest)
+        new = ~self.seen[seqs]
+        if new.any():
+            self.seen[seqs[new]] = True
+            self.rows += int(new.sum())
+            self.latencies.append(at - sent[first][new])
+            self.sent.append(sent[first][new])
+        gaps = np.flatnonzero(~self.seen[self.low + 1:])
+        self.low = self.low + int(gaps[0]) if len(gaps) else len(self.seen) - 1
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -126,28 +160,53 @@ def trend(sent: list[float], latencies: list[float]) -> tuple[float, float]:
     return percentile(first, 0.5), percentile(last, 0.5)
 
 
+def _jcmd(root: int | None, *command: str) -> None:
+    """Run a jcmd command against the Java process under ``root`` (the pipeline's Spark driver)."""
+    java = [pid for pid in descendants(root) if Path(f"/proc/{pid}/comm").read_text().strip() == "java"] if root else []
+    if not java:
+        raise RuntimeError("no Java process under the pipeline to profile")
+    subprocess.run([str(Path(java_binary()).parent / "jcmd"), str(java[0]), *command], check=True,
+                   capture_output=True)
+
+
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
             warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
-            window: str | None = None) -> dict[str, Any]:
+            window: str | None = None, jfr: Path | None = None, settle: float = 0.0) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
     path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window)
+    if jfr is not None:  # the job's JVM inherits it: deep stacks, so that samples keep their Spark operator
+        os.environ["JAVA_TOOL_OPTIONS"] = "-XX:FlightRecorderOptions=stackdepth=1024"
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
                            tmp / f"{table}.log")
+    os.environ.pop("JAVA_TOOL_OPTIONS", None)
     try:
         workload = Workload(seed=int(rate))
         # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
-        produce_at_rate(kafka.bootstrap, topic, workload, warmup_rate, warmup)
+        produce_plan(kafka.bootstrap, topic, workload.plan(int(warmup_rate * warmup), warmup_rate), warmup_rate)
+        # made while the pipeline drains the warm-up; its first ``settle`` seconds are offered but not measured: the
+        # pipeline runs micro-batches of the measured size for a while before its latency counts
+        plan = workload.plan(int(rate * (settle + seconds)), rate)
         poller = Poller(ch, table)
         poller.start()
-        while poller.rows < workload.firsts and job.alive():
+        while poller.rows < workload.firsts - (len(plan) - plan.repeats) and job.alive():
             time.sleep(0.2)
-        poller.latencies.clear()
-        poller.sent.clear()
+        poller.reset()
         first_batch = last_batch(tmp / f"{table}.log") + 1
-        got = produce_at_rate(kafka.bootstrap, topic, workload, rate, seconds)
+        roots = {"pipeline": job.proc.pid if job.proc else None, "Kafka": kafka.pid, "ClickHouse": ch.pid}
+        cpu0 = {k: tree_cpu(pid) for k, pid in roots.items()}
+        if jfr is not None:
+            recording = jfr.with_name(f"{jfr.stem}-{int(rate)}{jfr.suffix or '.jfr'}")
+            _jcmd(roots["pipeline"], "JFR.start", "name=gp-fresh", "settings=profile", f"filename={recording}")
+        began = time.time() + settle  # rows sent from here on are measured
+        got = produce_plan(kafka.bootstrap, topic, plan, rate)
+        if jfr is not None:
+            _jcmd(roots["pipeline"], "JFR.stop", "name=gp-fresh")
+            print(f"  JFR of the measured window: {recording}", flush=True)
+        cpu = {k: tree_cpu(pid) - cpu0[k] for k, pid in roots.items()}
+        cpu["bench (producer, poller)"] = got["cpu"]
         produced_at = time.monotonic()
         deadline = time.monotonic() + 120
         while poller.rows < workload.firsts and time.monotonic() < deadline and job.alive():
@@ -156,25 +215,30 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.stop.set()
         poller.join()
         rows, distinct = ch.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
-        lat = poller.latencies
+        lat, sent = poller.values(since=began)
         exact = rows == distinct == workload.firsts
         phases = batch_phases(tmp / f"{table}.log", first_batch)
         print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
-              f"{got['repeats']:.0f} repeats; trigger {trigger}): landed {len(lat)} rows; latency "
+              f"{got['repeats']:.0f} repeats; trigger {trigger}; the last {seconds:.0f} s measured): landed "
+              f"{len(lat)} rows; latency "
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
               f"p99 {percentile(lat, 0.99):.2f} s, "
               f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
               f"{workload.firsts} first occurrences)", flush=True)
-        early, late = trend(poller.sent, lat)
+        early, late = trend(sent, lat)
         print(f"  median latency of the first fifth {early:.2f} s, of the last fifth {late:.2f} s; all landed "
               f"{drained:.1f} s after the last event was produced", flush=True)
+        print("  CPU while offering, in cores: " + ", ".join(f"{k} {v / got['seconds']:.2f}" for k, v in cpu.items())
+              + f"; the pipeline {cpu['pipeline'] / max(got['events'], 1) * 1e6:.0f} CPU-us per event", flush=True)
         print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
-        return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "trigger": trigger,
+        return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "settle": settle,
+                "trigger": trigger,
                 "max_rows": max_rows, "window": window,  # None: the example's
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
-                "last_fifth": late, "drained": drained, "phases_ms": phases}
+                "last_fifth": late, "drained": drained, "phases_ms": phases,
+                "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()}}
     finally:
         job.stop(timeout=60)
 
@@ -190,17 +254,22 @@ def main() -> None:
     p.add_argument("--warmup-rate", type=float, default=50,
                    help="events/s of the warm-up stream; 0: the measured rate (a warmed-up JVM, as in a "
                    "long-running pipeline)")
+    p.add_argument("--settle", type=float, default=15, help="seconds offered at the measured rate after the "
+                   "warm-up has landed and before the measured window")
     p.add_argument("--json", type=Path, help="append each rate's figures to this file, one JSON object a line "
                    "(bench/plot.py reads it)")
+    p.add_argument("--jfr", type=Path, help="record the driver JVM with Java Flight Recorder while offering: "
+                   "FILE-<rate>.jfr (bench/profile_summary.py --jfr reads it)")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the pipeline's spec.spark.conf (e.g. spark.eventLog.enabled=true); "
                    "repeatable")
     args = p.parse_args()
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
-    with tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer() as kafka, ClickHouseServer() as ch:
+    with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
+          ClickHouseServer() as ch):
         for rate in (float(r) for r in args.rates.split(",")):
             res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup,
-                          args.warmup_rate or rate, spark_conf, args.max_rows, args.window)
+                          args.warmup_rate or rate, spark_conf, args.max_rows, args.window, args.jfr, args.settle)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")

@@ -118,7 +118,7 @@ def main() -> None:
     from glasspipe_job.session import local_session
 
     tmp = Path(tempfile.mkdtemp(prefix="gp-bench-join-"))
-    with KafkaServer() as kafka, ClickHouseServer() as ch:
+    with KafkaServer(long_running=True) as kafka, ClickHouseServer() as ch:
         suffix = uuid.uuid4().hex[:6]
         orders, users, table = f"orders-{suffix}", f"users-{suffix}", f"bench_join_{suffix}"
         for t in (orders, users):

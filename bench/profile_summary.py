@@ -65,15 +65,18 @@ def pyspy_summary(path: Path, rate: float) -> None:
         print(f"  {count / rate:7.1f} s  {phase}")
 
 
-def jfr_summary(path: Path) -> None:
+def jfr_summary(path: Path, top: int = 0) -> None:
     jfr = shutil.which("jfr") or str(Path(sys.prefix).parent / "bin" / "jfr")
     out = subprocess.run([jfr, "print", "--json", "--events", "jdk.ExecutionSample", str(path)],
                          capture_output=True, text=True, check=True).stdout
     events = json.loads(out)["recording"]["events"]
     per_phase: collections.Counter[str] = collections.Counter()
+    leaves: collections.Counter[str] = collections.Counter()
     for e in events:
         st = e["values"].get("stackTrace") or {}
         frames = [f["method"]["type"]["name"] + "." + f["method"]["name"] for f in st.get("frames") or []]
+        if frames:
+            leaves[frames[0]] += 1  # the innermost frame: where the CPU was
         phase = None
         for name, marks in JFR_PHASES:  # the phase list is in priority order
             if any(m in f for f in frames for m in marks):
@@ -84,6 +87,10 @@ def jfr_summary(path: Path) -> None:
     print(f"JFR {path.name}: {total} on-CPU samples (~{total / 100:.0f} CPU-s at 10 ms per sample and thread):")
     for phase, n in per_phase.most_common():
         print(f"  {n:6d} {100 * n / total:5.1f} %  {phase}")
+    if top:
+        print(f"  the {top} innermost frames with most samples:")
+        for frame, n in leaves.most_common(top):
+            print(f"  {n:6d} {100 * n / total:5.1f} %  {frame}")
 
 
 def main() -> int:
@@ -91,11 +98,12 @@ def main() -> int:
     p.add_argument("--pyspy", type=Path, nargs="*", default=[])
     p.add_argument("--rate", type=float, default=50, help="py-spy's sampling rate (bench/bulk.py uses 50/s)")
     p.add_argument("--jfr", type=Path, nargs="*", default=[])
+    p.add_argument("--top", type=int, default=0, help="also list the JFR's N innermost frames with most samples")
     args = p.parse_args()
     for f in args.pyspy:
         pyspy_summary(f, args.rate)
     for f in args.jfr:
-        jfr_summary(f)
+        jfr_summary(f, args.top)
     return 0
 
 

@@ -173,7 +173,8 @@ def main() -> int:
         if not archive.is_file():
             parser.error(f"no {archive}: run `bash dev/install/spark-cds.sh` first")
         os.environ["SPARK_SUBMIT_OPTS"] = f"-XX:SharedArchiveFile={archive}"
-    with tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp_s, KafkaServer() as kafka, ClickHouseServer() as ch:
+    with (tempfile.TemporaryDirectory(prefix="gp-bench-") as tmp_s, KafkaServer(long_running=True) as kafka,
+          ClickHouseServer() as ch):
         tmp = args.keep or Path(tmp_s)
         tmp.mkdir(parents=True, exist_ok=True)
         topic = "bench-sms"

@@ -296,7 +296,7 @@ def main() -> int:
     rng = random.Random(args.seed)
     duration = args.minutes * 60
     faults = Faults()
-    with (tempfile.TemporaryDirectory(prefix="gp-soak-") as tmp_s, KafkaServer() as kafka,
+    with (tempfile.TemporaryDirectory(prefix="gp-soak-") as tmp_s, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):
         tmp = Path(tmp_s)
         name = f"soak-{uuid.uuid4().hex[:6]}"

@@ -38,7 +38,8 @@ def process_parents() -> dict[int, int]:
     return parents
 
 
-def _descendants(root: int) -> set[int]:
+def descendants(root: int) -> set[int]:
+    """``root`` and every process below it now."""
     parents = process_parents()
     tree, grew = {root}, True
     while grew:
@@ -48,6 +49,18 @@ def _descendants(root: int) -> set[int]:
                 tree.add(pid)
                 grew = True
     return tree
+
+
+def tree_cpu(root: int | None) -> float:
+    """CPU seconds the live processes of the tree under ``root`` have used so far (0 for None)."""
+    total = 0.0
+    for pid in descendants(root) if root is not None else ():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / _CLK
+    return total
 
 
 class ThreadCpu(threading.Thread):
@@ -61,7 +74,7 @@ class ThreadCpu(threading.Thread):
         self._done = threading.Event()
 
     def sample(self) -> None:
-        for pid in _descendants(self.root):
+        for pid in descendants(self.root):
             try:
                 tids = os.listdir(f"/proc/{pid}/task")
             except OSError:

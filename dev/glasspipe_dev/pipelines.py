@@ -34,11 +34,13 @@ def write_pipeline(doc: dict[str, Any], directory: Path, name: str = "pipeline.y
 def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int, max_delay: str = "1s",
                        max_offsets: int | None = None, seq_field: bool = False,
                        spark_conf: dict[str, str] | None = None, window: str | None = None,
-                       extra_columns: list[dict[str, str]] | None = None) -> Path:
+                       extra_columns: list[dict[str, str]] | None = None,
+                       order_by: list[str] | None = None) -> Path:
     """examples/sms-dedup.yaml on ``topic`` into table ``name`` (dashes as underscores), dead letters to
     ``<topic>-dlq``: the pipeline the benchmarks and soak run; ``seq_field`` adds a ``seq`` long column.
     ``extra_columns``: sink columns after one per field, e.g. ``{"name": "sent_ms", "expression":
-    "unix_millis(sent_at)", "type": "Int64"}`` (a ``timestamp`` field is a ``DateTime``: whole seconds)."""
+    "unix_millis(sent_at)", "type": "Int64"}`` (a ``timestamp`` field is a ``DateTime``: whole seconds).
+    ``order_by``: the table's sorting key (default: the deduplication key)."""
     doc = load_example("sms-dedup.yaml")
     doc["metadata"]["name"] = name
     spec = doc["spec"]
@@ -47,7 +49,7 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
     if max_offsets is not None:
         source["kafka"]["maxOffsetsPerTrigger"] = max_offsets
     if seq_field:
-        source["schema"]["fields"].append({"name": "seq", "type": "long"})
+        source["schema"]["fields"].append({"name": "seq", "type": "long", "nullable": False})
     spec["sink"]["clickhouse"]["table"] = name.replace("-", "_")
     spec["sink"]["clickhouse"]["batching"] = {"maxRows": max_rows, "maxDelay": max_delay}
     spec["deadLetter"]["topic"] = f"{topic}-dlq"
@@ -55,6 +57,8 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
         spec.setdefault("spark", {}).setdefault("conf", {}).update(spark_conf)
     if window is not None:
         source["deduplication"]["window"] = window
+    if order_by is not None:
+        spec["sink"]["clickhouse"]["orderBy"] = order_by
     if extra_columns:
         spec["sink"]["clickhouse"]["columns"] = [{"name": f["name"]} for f in source["schema"]["fields"]]
         spec["sink"]["clickhouse"]["columns"] += extra_columns

@@ -140,6 +140,12 @@ class RestartableServer:
     def running(self) -> bool:
         return self._process is not None and self._process.alive()
 
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (benchmarks read its CPU time from /proc)."""
+        proc = self._process.proc if self._process is not None else None
+        return proc.pid if proc is not None and proc.poll() is None else None
+
     def _wait_port_free(self, port: int, timeout: float = 15.0) -> None:
         """After a stop the old process's socket can linger briefly; someone else may have taken it."""
         deadline = time.monotonic() + timeout
