@@ -36,11 +36,13 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from thread_cpu import descendants, tree_cpu
+from thread_cpu import ThreadCpu, descendants, tree_cpu
 from workload import Workload, produce_plan
 
+from glasspipe.api.durations import parse_duration_ms
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
@@ -117,6 +119,33 @@ class Poller(threading.Thread):
             self.sent.append(sent[first][new])
         gaps = np.flatnonzero(~self.seen[self.low + 1:])
         self.low = self.low + int(gaps[0]) if len(gaps) else len(self.seen) - 1
+
+
+def check_exact(ch: ClickHouseServer, table: str, firsts: int, window: str) -> tuple[bool, int, int, int, int]:
+    """(exact, rows, keys, reopened, too close): exact when every first occurrence landed once (by ``seq``) and no
+    key has two rows less than a deduplication window apart. A repeat produced a window or more after its key's first
+    row opens a new window (docs/semantics.md) and lands: ``reopened`` counts those rows. A run longer than
+    the window has some: the tail of repeats reaches ``max_repeat_delay_s``, and the wait between the warm-up
+    and the measured stream adds to their delay."""
+    w = parse_duration_ms(window)
+    rows, keys, with_seq, seqs = ch.client().execute(
+        f"SELECT count(), uniqExact(sms_id), countIf(seq > 0), uniqExactIf(seq, seq > 0) FROM {table}")[0]
+    [(too_close,)] = ch.client().execute(
+        f"SELECT count() FROM (SELECT sms_id, count() AS c, max(sent_ms) - min(sent_ms) AS span FROM {table} "
+        f"GROUP BY sms_id HAVING c > 1 AND span < (c - 1) * {w})")
+    exact = keys == firsts == with_seq == seqs and too_close == 0
+    return exact, rows, keys, rows - with_seq, too_close
+
+
+def by_minute(sent: list[float], latencies: list[float]) -> dict[int, tuple[float, float, float]]:
+    """p50 / p95 / p99 latency of the rows produced in each minute of the measured window."""
+    if not sent:
+        return {}
+    t0 = min(sent)
+    groups: dict[int, list[float]] = {}
+    for t, lat in zip(sent, latencies, strict=True):
+        groups.setdefault(int((t - t0) // 60), []).append(lat)
+    return {m: (percentile(v, 0.5), percentile(v, 0.95), percentile(v, 0.99)) for m, v in sorted(groups.items())}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -197,6 +226,11 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         first_batch = last_batch(tmp / f"{table}.log") + 1
         roots = {"pipeline": job.proc.pid if job.proc else None, "Kafka": kafka.pid, "ClickHouse": ch.pid}
         cpu0 = {k: tree_cpu(pid) for k, pid in roots.items()}
+        threads = ThreadCpu(roots["pipeline"]) if roots["pipeline"] else None
+        if threads is not None:
+            threads.sample()
+            threads_before = threads.by_group()
+            threads.start()
         if jfr is not None:
             recording = jfr.with_name(f"{jfr.stem}-{int(rate)}{jfr.suffix or '.jfr'}")
             _jcmd(roots["pipeline"], "JFR.start", "name=gp-fresh", "settings=profile", f"filename={recording}")
@@ -206,6 +240,11 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             _jcmd(roots["pipeline"], "JFR.stop", "name=gp-fresh")
             print(f"  JFR of the measured window: {recording}", flush=True)
         cpu = {k: tree_cpu(pid) - cpu0[k] for k, pid in roots.items()}
+        by_thread: dict[str, float] = {}
+        if threads is not None:
+            threads.__exit__()
+            threads.sample()
+            by_thread = {g: v - threads_before.get(g, 0.0) for g, v in threads.by_group().items()}
         cpu["bench (producer, poller)"] = got["cpu"]
         produced_at = time.monotonic()
         deadline = time.monotonic() + 120
@@ -214,9 +253,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         drained = time.monotonic() - produced_at
         poller.stop.set()
         poller.join()
-        rows, distinct = ch.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
         lat, sent = poller.values(since=began)
-        exact = rows == distinct == workload.firsts
+        exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts, window or "5m")
         phases = batch_phases(tmp / f"{table}.log", first_batch)
         print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
               f"{got['repeats']:.0f} repeats; trigger {trigger}; the last {seconds:.0f} s measured): landed "
@@ -224,12 +262,18 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
               f"p99 {percentile(lat, 0.99):.2f} s, "
               f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
-              f"{workload.firsts} first occurrences)", flush=True)
+              f"{workload.firsts} first occurrences, {reopened} repeats a window or more after their key's "
+              f"first row, {too_close} keys with two rows less than a window apart)", flush=True)
+        print("  latency by minute of the measured window, p50 / p95 / p99: " + "; ".join(
+            f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, (a, b, c) in by_minute(sent, lat).items()), flush=True)
         early, late = trend(sent, lat)
         print(f"  median latency of the first fifth {early:.2f} s, of the last fifth {late:.2f} s; all landed "
               f"{drained:.1f} s after the last event was produced", flush=True)
         print("  CPU while offering, in cores: " + ", ".join(f"{k} {v / got['seconds']:.2f}" for k, v in cpu.items())
               + f"; the pipeline {cpu['pipeline'] / max(got['events'], 1) * 1e6:.0f} CPU-us per event", flush=True)
+        print("  the pipeline's CPU by kind of thread, in cores: " + ", ".join(
+            f"{g.split(' (')[0]} {v / got['seconds']:.2f}" for g, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
+            if v / got["seconds"] >= 0.01), flush=True)
         print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
         return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "settle": settle,
@@ -238,7 +282,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases,
-                "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()}}
+                "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
+                "pipeline_cores_by_thread": {k: v / got["seconds"] for k, v in by_thread.items()}}
     finally:
         job.stop(timeout=60)
 
