@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -39,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from thread_cpu import ThreadCpu, descendants, tree_cpu
+from thread_cpu import CpuWindow, descendants
 from workload import Workload, produce_plan
 
 from glasspipe.api.durations import parse_duration_ms
@@ -79,14 +78,9 @@ class Poller(threading.Thread):
         self.rows = 0
         self.stop = threading.Event()
 
-    def reset(self) -> None:
-        """Forget the latencies so far (not the rows seen)."""
-        self.latencies.clear()
-        self.sent.clear()
-
     def values(self, since: float) -> tuple[list[float], list[float]]:
-        """(latency, sent) in seconds of every row seen since the last reset that was sent at ``since`` or later
-        (a warm-up row that lands late is not one of the measured rows)."""
+        """(latency, sent) in seconds of every row seen that was sent at ``since`` or later (the warm-up's rows,
+        even one that lands late, are not measured)."""
         lat = np.concatenate(self.latencies) if self.latencies else np.zeros(0)
         sent = np.concatenate(self.sent) if self.sent else np.zeros(0)
         measured = sent >= since - 0.001  # sent_ms is whole milliseconds
@@ -206,11 +200,10 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
     path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window)
-    if jfr is not None:  # the job's JVM inherits it: deep stacks, so that samples keep their Spark operator
-        os.environ["JAVA_TOOL_OPTIONS"] = "-XX:FlightRecorderOptions=stackdepth=1024"
+    # with --jfr, deep stacks, so that samples keep their Spark operator
+    env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else None
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
-                           tmp / f"{table}.log")
-    os.environ.pop("JAVA_TOOL_OPTIONS", None)
+                           tmp / f"{table}.log", env=env)
     try:
         workload = Workload(seed=int(rate))
         # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
@@ -222,30 +215,19 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.start()
         while poller.rows < workload.firsts - (len(plan) - plan.repeats) and job.alive():
             time.sleep(0.2)
-        poller.reset()
         first_batch = last_batch(tmp / f"{table}.log") + 1
-        roots = {"pipeline": job.proc.pid if job.proc else None, "Kafka": kafka.pid, "ClickHouse": ch.pid}
-        cpu0 = {k: tree_cpu(pid) for k, pid in roots.items()}
-        threads = ThreadCpu(roots["pipeline"]) if roots["pipeline"] else None
-        if threads is not None:
-            threads.sample()
-            threads_before = threads.by_group()
-            threads.start()
-        if jfr is not None:
-            recording = jfr.with_name(f"{jfr.stem}-{int(rate)}{jfr.suffix or '.jfr'}")
-            _jcmd(roots["pipeline"], "JFR.start", "name=gp-fresh", "settings=profile", f"filename={recording}")
-        began = time.time() + settle  # rows sent from here on are measured
-        got = produce_plan(kafka.bootstrap, topic, plan, rate)
-        if jfr is not None:
-            _jcmd(roots["pipeline"], "JFR.stop", "name=gp-fresh")
-            print(f"  JFR of the measured window: {recording}", flush=True)
-        cpu = {k: tree_cpu(pid) - cpu0[k] for k, pid in roots.items()}
-        by_thread: dict[str, float] = {}
-        if threads is not None:
-            threads.__exit__()
-            threads.sample()
-            by_thread = {g: v - threads_before.get(g, 0.0) for g, v in threads.by_group().items()}
-        cpu["bench (producer, poller)"] = got["cpu"]
+        pipeline = job.proc.pid if job.proc else None
+        with CpuWindow({"pipeline": pipeline, "Kafka": kafka.pid, "ClickHouse": ch.pid}, by_thread="pipeline") as win:
+            if jfr is not None:
+                recording = jfr.with_name(f"{jfr.stem}-{int(rate)}{jfr.suffix or '.jfr'}")
+                _jcmd(pipeline, "JFR.start", "name=gp-fresh", "settings=profile", f"filename={recording}")
+            began = time.time() + settle  # rows sent from here on are measured
+            got = produce_plan(kafka.bootstrap, topic, plan, rate)
+            if jfr is not None:
+                _jcmd(pipeline, "JFR.stop", "name=gp-fresh")
+                print(f"  JFR of the measured window: {recording}", flush=True)
+        cpu = {**win.trees, "bench (producer, poller)": got["cpu"]}
+        by_thread = win.threads
         produced_at = time.monotonic()
         deadline = time.monotonic() + 120
         while poller.rows < workload.firsts and time.monotonic() < deadline and job.alive():

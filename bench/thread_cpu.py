@@ -51,16 +51,20 @@ def descendants(root: int) -> set[int]:
     return tree
 
 
+def _stat(path: str) -> tuple[str, float] | None:
+    """(name, CPU seconds so far) from a /proc stat file; None once the process or thread is gone."""
+    try:
+        stat = Path(path).read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()
+    return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / _CLK
+
+
 def tree_cpu(root: int | None) -> float:
     """CPU seconds the live processes of the tree under ``root`` have used so far (0 for None)."""
-    total = 0.0
-    for pid in descendants(root) if root is not None else ():
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        total += (int(fields[11]) + int(fields[12])) / _CLK
-    return total
+    stats = (_stat(f"/proc/{pid}/stat") for pid in (descendants(root) if root is not None else ()))
+    return sum(st[1] for st in stats if st is not None)
 
 
 class ThreadCpu(threading.Thread):
@@ -80,13 +84,8 @@ class ThreadCpu(threading.Thread):
             except OSError:
                 continue
             for tid in tids:
-                try:
-                    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-                except OSError:
-                    continue
-                name = stat[stat.index("(") + 1:stat.rindex(")")]
-                fields = stat.rsplit(")", 1)[1].split()
-                self.seen[(pid, int(tid))] = (name, (int(fields[11]) + int(fields[12])) / _CLK)
+                if (st := _stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
+                    self.seen[(pid, int(tid))] = st
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
@@ -114,3 +113,31 @@ class ThreadCpu(threading.Thread):
         print(f"  CPU per kind of thread ({total:.1f} CPU-s sampled, {total / events * 1e6:,.0f} per M events):")
         for group, cpu in list(groups.items())[:12]:
             print(f"    {cpu:7.1f} s {100 * cpu / max(total, 1e-9):5.1f} %  {group}")
+
+
+class CpuWindow:
+    """CPU seconds each named process tree used between ``__enter__`` and ``__exit__`` (``trees``), and those of
+    the tree ``by_thread`` per kind of thread (``threads``)."""
+
+    def __init__(self, roots: dict[str, int | None], by_thread: str) -> None:
+        self.roots = roots
+        self.trees: dict[str, float] = {}
+        self.threads: dict[str, float] = {}
+        root = roots.get(by_thread)
+        self._threads = ThreadCpu(root) if root is not None else None
+        self._before: dict[str, float] = {}
+
+    def __enter__(self) -> CpuWindow:
+        self.trees = {k: tree_cpu(pid) for k, pid in self.roots.items()}
+        if self._threads is not None:
+            self._threads.sample()
+            self._before = self._threads.by_group()
+            self._threads.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.trees = {k: tree_cpu(pid) - self.trees[k] for k, pid in self.roots.items()}
+        if self._threads is not None:
+            self._threads.__exit__()
+            self._threads.sample()
+            self.threads = {g: v - self._before.get(g, 0.0) for g, v in self._threads.by_group().items()}

@@ -121,27 +121,6 @@ def _send(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
             producer.poll(0.01)
 
 
-def produce_at_rate(bootstrap: str, topic: str, workload: Workload, rate: float, seconds: float) -> dict[str, float]:
-    """Produce for ``seconds`` at ``rate`` events/s (paced every 10 ms), making each event as it is sent; returns
-    what was achieved."""
-    producer = _producer(bootstrap)
-    start = time.monotonic()
-    wall0 = time.time()
-    sent = repeats = 0
-    while (elapsed := time.monotonic() - start) < seconds:
-        due = int(elapsed * rate)
-        while sent < due:
-            key, value, repeat = workload.event(wall0 + elapsed)
-            _send(producer, topic, value, key)
-            sent += 1
-            repeats += repeat
-        producer.poll(0)
-        time.sleep(0.01)
-    producer.flush(60)
-    took = time.monotonic() - start
-    return {"events": sent, "repeats": repeats, "firsts": sent - repeats, "seconds": took, "rate": sent / took}
-
-
 def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float) -> dict[str, float]:
     """Offer ``plan``'s events at ``rate`` events/s (paced every 5 ms); each tick's events carry that tick's
     wall time as sent_at. Returns what was achieved, and the CPU seconds this process spent meanwhile (the

@@ -81,9 +81,11 @@ def run_to_end(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path
 
 
 def start_continuous(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, log: Path,
-                     *extra: str) -> ServerProcess:
-    """A long-running job (processing-time trigger) in its own process group, killable at any time."""
-    return ServerProcess("glasspipe-run", run_argv(pipeline, bootstrap, clickhouse, checkpoint, *extra), log).start()
+                     *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+    """A long-running job (processing-time trigger) in its own process group, killable at any time; ``env`` is
+    added to this process's environment."""
+    return ServerProcess("glasspipe-run", run_argv(pipeline, bootstrap, clickhouse, checkpoint, *extra), log,
+                         env=env).start()
 
 
 def totals(stdout: str) -> str:
