@@ -49,7 +49,7 @@ def test_examples_are_accepted_and_defaulted(api: KubeAPIServer, path: Path) -> 
     spec = got["spec"]
     # defaults from the schema are filled in by the API server
     assert spec["suspend"] is False
-    assert spec["spark"]["shufflePartitions"] == 4
+    assert spec["spark"]["shufflePartitions"] == 2
     given = doc["spec"]["sources"][0]["kafka"].get("security", {})
     assert spec["sources"][0]["kafka"]["security"] == {"protocol": "PLAINTEXT", **given}  # no tls: {} added
     assert spec["sink"]["clickhouse"]["batching"]["maxRows"] >= 1

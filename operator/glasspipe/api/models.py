@@ -468,9 +468,11 @@ class SparkSettings(ApiModel):
     driver: Resources = Field(default_factory=lambda: Resources())
     executor: ExecutorResources = Field(default_factory=lambda: ExecutorResources())
     shuffle_partitions: int = Field(
-        4, ge=1, le=10_000,
+        2, ge=1, le=10_000,
         json_schema_extra=_immutable("spark.shufflePartitions"),
-        description="State-store partitions; fixed when the checkpoint is created.",
+        description="State-store partitions (Spark's spark.sql.shuffle.partitions); fixed when the checkpoint is "
+        "created. A micro-batch's stateful stage runs one task per partition, each with a fixed cost: set it to "
+        "the cores of one replica's executors (2 fits a 2-core machine); scale beyond with replicas.",
     )
     conf: dict[str, str] = Field(
         default_factory=dict, json_schema_extra={"maxProperties": 128}, description="Extra Spark configuration."
