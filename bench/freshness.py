@@ -4,7 +4,7 @@ Starts its own Kafka (a broker with its production JIT) and ClickHouse, runs the
 continuously (`glasspipe run`, one replica, local Spark) and offers bench/workload.py's stream (10 % repeats)
 at each rate: a warm-up, then ``--settle`` seconds once the warm-up has landed, then the measured window.
 The events are made before they are offered (``Workload.plan``), so the producer costs ~3 us an event.
-A poller reads ClickHouse every 100 ms for rows it has not seen (by ``seq``, which numbers first
+A poller reads ClickHouse every 25 ms (``--poll``) for rows it has not seen (by ``seq``, which numbers first
 occurrences; the table is sorted by it); a row's latency is the poll that first saw it minus its
 ``sent_at`` (the moment it was produced, to the millisecond: the column ``sent_ms``; Kafka appends it
 within milliseconds). Figures printed before 2026-11-24 23:45 UTC used the ``DateTime`` column ``sent_at``,
@@ -47,7 +47,7 @@ from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
 from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
 
-POLL_S = 0.1
+POLL_S = 0.025  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long (50 ms on average)
 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,
@@ -68,9 +68,9 @@ class Poller(threading.Thread):
     """Sees rows land: latency of each first occurrence = first poll that saw it - its sent_ms. Columnar
     reads and numpy bookkeeping: at 40 000 rows/s a poller of Python rows took a fifth of a core."""
 
-    def __init__(self, ch: ClickHouseServer, table: str) -> None:
+    def __init__(self, ch: ClickHouseServer, table: str, every: float = POLL_S) -> None:
         super().__init__(daemon=True)
-        self.client, self.table = ch.client(), table
+        self.client, self.table, self.every = ch.client(), table, every
         self.low = 0  # every seq <= low has been seen
         self.seen = np.zeros(1 << 20, dtype=bool)  # by seq; grows
         self.latencies: list[np.ndarray] = []
@@ -97,7 +97,7 @@ class Poller(threading.Thread):
             seen = time.time()
             if got:
                 self._saw(np.asarray(got[0], dtype=np.int64), np.asarray(got[1], dtype=np.float64) / 1000, seen)
-            time.sleep(max(0.0, POLL_S - (time.time() - started)))
+            time.sleep(max(0.0, self.every - (time.time() - started)))
 
     def _saw(self, seqs: np.ndarray, sent: np.ndarray, at: float) -> None:
         top = int(seqs.max())
@@ -194,16 +194,19 @@ def _jcmd(root: int | None, *command: str) -> None:
 
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
             warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
-            window: str | None = None, jfr: Path | None = None, settle: float = 0.0) -> dict[str, Any]:
+            window: str | None = None, jfr: Path | None = None, settle: float = 0.0,
+            code: Path | None = None, poll: float = POLL_S) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
     path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window)
     # with --jfr, deep stacks, so that samples keep their Spark operator
-    env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else None
+    env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else {}
+    if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
+        env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
-                           tmp / f"{table}.log", env=env)
+                           tmp / f"{table}.log", env=env or None)
     try:
         workload = Workload(seed=int(rate))
         # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
@@ -211,7 +214,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         # made while the pipeline drains the warm-up; its first ``settle`` seconds are offered but not measured: the
         # pipeline runs micro-batches of the measured size for a while before its latency counts
         plan = workload.plan(int(rate * (settle + seconds)), rate)
-        poller = Poller(ch, table)
+        poller = Poller(ch, table, poll)
         poller.start()
         while poller.rows < workload.firsts - (len(plan) - plan.repeats) and job.alive():
             time.sleep(0.2)
@@ -240,7 +243,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         phases = batch_phases(tmp / f"{table}.log", first_batch)
         print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
               f"{got['repeats']:.0f} repeats; trigger {trigger}; the last {seconds:.0f} s measured): landed "
-              f"{len(lat)} rows; latency "
+              f"{len(lat)} rows; latency (polled every {poll * 1000:.0f} ms) "
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
               f"p99 {percentile(lat, 0.99):.2f} s, "
               f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
@@ -259,7 +262,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
         return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "settle": settle,
-                "trigger": trigger,
+                "trigger": trigger, "poll_s": poll,
                 "max_rows": max_rows, "window": window,  # None: the example's
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
@@ -287,6 +290,11 @@ def main() -> None:
                    "(bench/plot.py reads it)")
     p.add_argument("--jfr", type=Path, help="record the driver JVM with Java Flight Recorder while offering: "
                    "FILE-<rate>.jfr (bench/profile_summary.py --jfr reads it)")
+    p.add_argument("--poll", type=float, default=POLL_S, help="seconds between the poller's reads of ClickHouse: "
+                   "a latency reads up to this much long (half of it on average)")
+    p.add_argument("--code", type=Path, help="run the job of this code tree instead of this checkout's (an A/B "
+                   "against e.g. `git archive main | tar -x -C DIR`; its JVM operators jar must be built: "
+                   "dev/install/jvm-ops.sh from that tree)")
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the pipeline's spec.spark.conf (e.g. spark.eventLog.enabled=true); "
                    "repeatable")
@@ -296,7 +304,8 @@ def main() -> None:
           ClickHouseServer() as ch):
         for rate in (float(r) for r in args.rates.split(",")):
             res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup,
-                          args.warmup_rate or rate, spark_conf, args.max_rows, args.window, args.jfr, args.settle)
+                          args.warmup_rate or rate, spark_conf, args.max_rows, args.window, args.jfr, args.settle,
+                          args.code.resolve() if args.code else None, args.poll)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")
