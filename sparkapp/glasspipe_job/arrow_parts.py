@@ -13,7 +13,11 @@ same rows (the order of rows inside a part may differ; the sink sorts them).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
 
 import pyarrow as pa
 from pyspark.serializers import NoOpSerializer
@@ -69,3 +73,70 @@ def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: 
     finally:
         if staged:
             rdd.unpersist(False)
+
+
+class SparkWorker:
+    """One daemon thread that runs Spark work for the thread that submits it, with that thread's Spark local
+    properties: a streaming query's job group (so that stopping the query cancels the job) and its SQL
+    execution. The thread lives as long as the process; it idles between micro-batches."""
+
+    def __init__(self) -> None:
+        self._work: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]]] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, spark: Any, work: Callable[[], Any]) -> Future[Any]:
+        jsc = spark.sparkContext._jsc.sc()
+        properties = jsc.getLocalProperties().clone()
+
+        def run() -> Any:
+            jsc.setLocalProperties(properties)
+            return work()
+
+        done: Future[Any] = Future()
+        self._work.put((done, run))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="glasspipe-batch-ahead", daemon=True)
+            self._thread.start()
+        return done
+
+    def _serve(self) -> None:
+        while True:
+            done, run = self._work.get()
+            if done.set_running_or_notify_cancel():
+                try:
+                    done.set_result(run())
+                except BaseException as e:  # handed to whoever waits on it
+                    done.set_exception(e)
+
+
+class FirstPartAhead(Iterator[pa.Table]):
+    """The parts of a batch (``arrow_partitions``), the first of them computed by ``worker`` from the moment this
+    is made: that is the batch's Spark job, which then runs while the caller does what need not wait for it
+    (the ClickHouse ledger's lookup and announcement). The later parts are read in the caller's thread."""
+
+    def __init__(self, worker: SparkWorker, spark: Any, parts: Iterator[pa.Table]) -> None:
+        self._parts = parts
+        self._first = worker.submit(spark, lambda: next(parts, None))
+        self._taken = False
+
+    def __next__(self) -> pa.Table:
+        if not self._taken:
+            self._taken = True
+            first = self._first.result()
+            if first is None:
+                raise StopIteration
+            return first
+        return next(self._parts)
+
+    def computed(self) -> bool:
+        """Wait for the first part; whether there was one (then its job computed every partition of the
+        batch, so the query's state moved to this batch). Raises the job's error."""
+        return self._first.result() is not None
+
+    def close(self) -> None:
+        """Wait for the first part's job (its error, if any, is the caller's to raise or not) and release
+        what the parts hold (the block store's copy of a staged batch)."""
+        self._first.exception()
+        close = getattr(self._parts, "close", None)
+        if close is not None:
+            close()

@@ -29,7 +29,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from glasspipe.api.validation import parse_clickhouse_type
-from glasspipe_job.arrow_parts import arrow_partitions
+from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker, arrow_partitions
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
@@ -128,6 +128,7 @@ class BatchWriter:
         self.metrics = metrics
         self.checkpoint = checkpoint
         self.failure: Exception | None = None  # the error a micro-batch raised (see __call__)
+        self._ahead = SparkWorker()  # computes each batch's first part (arrow_parts.FirstPartAhead)
         self.output_names = [c.name for c in config.columns]
         self.required = [c.name for c in config.columns if not parse_clickhouse_type(c.clickhouse_type).nullable]
 
@@ -145,13 +146,20 @@ class BatchWriter:
         files = CheckpointFiles(df.sparkSession, self.checkpoint)
         offsets = files.offset_log(batch_id)
         seen = _BatchCounts()
-        parts = self._kept_parts(df, seen, self._batch_records(files, batch_id, offsets))
-        result = self.sink.write_parts(batch_id, parts, json.dumps(offsets, sort_keys=True))
-        if result.skipped_replay:
-            # Committed before a crash (its dead letters were sent before that): nothing is sent or written
-            # again, but the plan still runs so that Spark's state moves to this batch's version.
-            df.write.format("noop").mode("overwrite").save()
-        else:  # the batch's ledger row was just written: its rows are committed now
+        # The batch's Spark job starts now, in the worker, while the sink looks the batch up in its ledger and
+        # announces it there.
+        tables = FirstPartAhead(self._ahead, df.sparkSession,
+                                arrow_partitions(df, self._batch_records(files, batch_id, offsets), self.batch_bound))
+        try:
+            result = self.sink.write_parts(batch_id, self._kept_parts(tables, seen),
+                                           json.dumps(offsets, sort_keys=True))
+            if result.skipped_replay and not tables.computed():
+                # Committed before a crash (its dead letters were sent before that): nothing is sent or written
+                # again, but the plan still runs so that Spark's state moves to this batch's version.
+                df.write.format("noop").mode("overwrite").save()
+        finally:
+            tables.close()
+        if not result.skipped_replay:  # the batch's ledger row was just written: its rows are committed now
             self.metrics.observe_commit(time.time(), seen.kafka_micros(), seen.event_micros())
         for group, source_offsets in zip(self.groups, offsets, strict=False):
             try:
@@ -189,12 +197,12 @@ class BatchWriter:
             return None
         return records_between(merge_offsets(before), merge_offsets(offsets))
 
-    def _kept_parts(self, df: DataFrame, seen: _BatchCounts, batch_records: int | None) -> Iterator[pa.Table]:
+    def _kept_parts(self, tables: Iterator[pa.Table], seen: _BatchCounts) -> Iterator[pa.Table]:
         """The batch's rows to write, a part at a time (arrow_parts.py): the driver holds one part, never a
         larger batch. Each part's dead letters are sent (and flushed) before its rows are handed to the sink,
         after a check of the fence: a stale writer woken after a newer layout took over stops before it sends
         them again."""
-        for table in arrow_partitions(df, batch_records, self.batch_bound):
+        for table in tables:
             seen.parts += 1
             dead, kept, duplicates = self.split(table)
             if dead.num_rows:

@@ -31,7 +31,9 @@ import logging
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -233,7 +235,18 @@ class CheckpointFiles:
         path = self._path(rel)
         return bool(self._fs(path).exists(path))
 
+    def _local_file(self, rel: str) -> Path | None:
+        """The file itself when the checkpoint is on this machine's file system (``file:``): read without the
+        dozen JVM calls a Hadoop read takes (~6 ms: the offset log is read at every micro-batch)."""
+        url = urlparse(f"{self.root}/{rel}")
+        if url.scheme != "file" or url.netloc not in ("", "localhost"):
+            return None
+        return Path(unquote(url.path))
+
     def read(self, rel: str) -> str:
+        local = self._local_file(rel)
+        if local is not None:
+            return local.read_text(encoding="utf-8")
         path = self._path(rel)
         stream = self._fs(path).open(path)
         try:

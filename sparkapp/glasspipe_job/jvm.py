@@ -165,11 +165,18 @@ JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.JoinProcessor.L
 LATE_GUARD_COL = "_gp_watermark_guard"  # io.glasspipe.spark.WindowDedup.LATE_GUARD_COL
 
 
+_window_dedup: dict[int, Any] = {}  # id(JVM view) -> io.glasspipe.spark.WindowDedup
+
+
 def keys_in_two_partitions(spark: Any) -> int:
-    """How many times this driver saw a key again in another Kafka partition within its window."""
+    """How many times this driver saw a key again in another Kafka partition within its window (read every
+    micro-batch: the class is looked up once, each part of its name is a JVM call)."""
     jvm = spark.sparkContext._jvm
+    cls = _window_dedup.get(id(jvm))
+    if cls is None:
+        cls = _window_dedup[id(jvm)] = jvm.io.glasspipe.spark.WindowDedup
     try:
-        return int(jvm.io.glasspipe.spark.WindowDedup.keysInTwoPartitions())
+        return int(cls.keysInTwoPartitions())
     except TypeError:  # the jar is not loaded: no dedup ran
         return 0
 

@@ -1,6 +1,8 @@
 """How a micro-batch is cut into the parts the driver takes one at a time (arrow_parts.partitions_per_part), and
 the batch size it is decided from (handover.records_between)."""
 
+from collections.abc import Iterator
+
 import pytest
 
 from glasspipe_job.arrow_parts import partitions_per_part
@@ -92,3 +94,97 @@ def test_the_first_batch_of_a_checkpoint_is_sized_from_where_the_hand_over_start
     assert writer(None)._batch_records(log, 0, end) is None
     assert writer({"t": {0: 500, 1: 850}}, bound=0)._batch_records(log, 0, end) is None  # a join
     assert log.reads == []
+
+
+class _LocalProperties:
+    """Stands in for SparkContext's JVM side: the local properties of the thread that calls it."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.of_thread: dict[str, dict[str, str]] = {}
+        self.current = threading.current_thread
+
+    def getLocalProperties(self) -> "_LocalProperties._Props":
+        return self._Props(dict(self.of_thread.get(self.current().name, {})))
+
+    def setLocalProperties(self, props: "_LocalProperties._Props") -> None:
+        self.of_thread[self.current().name] = dict(props.values)
+
+    class _Props:
+        def __init__(self, values: dict[str, str]) -> None:
+            self.values = values
+
+        def clone(self) -> "_LocalProperties._Props":
+            return _LocalProperties._Props(dict(self.values))
+
+
+def _spark(jvm: _LocalProperties) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(sparkContext=SimpleNamespace(_jsc=SimpleNamespace(sc=lambda: jvm)))
+
+
+def test_a_batchs_first_part_is_computed_in_the_worker_with_the_callers_job_group_and_the_rest_by_the_caller() -> None:
+    import threading
+
+    from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker
+
+    jvm = _LocalProperties()
+    jvm.of_thread[threading.current_thread().name] = {"spark.jobGroup.id": "query-run-1"}
+    computed_by: list[tuple[int, str, dict[str, str]]] = []
+    first_started = threading.Event()
+    release = threading.Event()
+    closed: list[bool] = []
+
+    def parts() -> Iterator[str]:
+        try:
+            for i in range(3):
+                name = threading.current_thread().name
+                computed_by.append((i, name, jvm.of_thread.get(name, {})))
+                if i == 0:
+                    first_started.set()
+                    release.wait(10)
+                yield f"part {i}"
+        finally:
+            closed.append(True)
+
+    ahead = FirstPartAhead(SparkWorker(), _spark(jvm), parts())
+    # the first part's job starts before anyone asks for it (the sink's ledger work goes on meanwhile)
+    assert first_started.wait(10)
+    release.set()
+    assert list(ahead) == ["part 0", "part 1", "part 2"]
+    me = threading.current_thread().name
+    assert [(i, name) for i, name, _ in computed_by] == [(0, "glasspipe-batch-ahead"), (1, me), (2, me)]
+    assert computed_by[0][2] == {"spark.jobGroup.id": "query-run-1"}  # stopping the query cancels it too
+    assert ahead.computed()
+    ahead.close()
+    assert closed == [True]
+
+
+def test_a_failed_first_part_raises_where_it_is_asked_for_and_close_waits_for_it_without_raising() -> None:
+    from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker
+
+    def parts() -> Iterator[str]:
+        raise RuntimeError("Job aborted: stage failure")
+        yield "never"
+
+    worker = SparkWorker()
+    ahead = FirstPartAhead(worker, _spark(_LocalProperties()), parts())
+    with pytest.raises(RuntimeError, match="stage failure"):
+        next(ahead)
+    with pytest.raises(RuntimeError, match="stage failure"):
+        ahead.computed()
+    ahead.close()  # the caller already has the error (or one of its own): close only waits
+    # the worker goes on serving the next batches
+    later = FirstPartAhead(worker, _spark(_LocalProperties()), iter(["next batch"]))
+    assert list(later) == ["next batch"]
+
+
+def test_a_batch_without_parts_computed_nothing_so_a_replay_still_runs_its_plan() -> None:
+    from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker
+
+    ahead = FirstPartAhead(SparkWorker(), _spark(_LocalProperties()), iter([]))
+    assert not ahead.computed()
+    assert list(ahead) == []
+    ahead.close()

@@ -127,6 +127,27 @@ def test_the_offset_log_keeps_one_entry_per_source_in_order() -> None:
     assert merge_offsets(entries) == {"orders": {0: 5, 1: 7}, "users": {0: 3}}
 
 
+def test_a_local_checkpoints_files_are_read_directly_and_others_through_hadoop(tmp_path: Path) -> None:
+    """The offset log is read at every micro-batch: on ``file:`` straight from the disk (a Hadoop read is a
+    dozen JVM calls), percent-escapes decoded as Hadoop's local file system decodes them."""
+    from typing import Any
+
+    from glasspipe_job.handover import CheckpointFiles
+
+    folder = tmp_path / "check point"
+    (folder / "offsets").mkdir(parents=True)
+    (folder / "offsets" / "7").write_text('v1\n{}\n{"t":{"0":42}}\n')
+    no_jvm: Any = None
+    files = CheckpointFiles.__new__(CheckpointFiles)
+    files.jvm, files.conf, files.root = no_jvm, no_jvm, folder.as_uri()  # file:///.../check%20point
+    assert files.offset_log(7) == [{"t": {"0": 42}}]
+    files.root = f"file:{folder}"
+    assert files._local_file("offsets/7") == folder / "offsets" / "7"
+    for remote in ("s3a://bucket/ckpt", "hdfs://nn:8020/ckpt", "file://otherhost/ckpt", "/no/scheme/ckpt"):
+        files.root = remote
+        assert files._local_file("offsets/7") is None
+
+
 def test_claims_rank_writers_by_generation_then_id() -> None:
     from glasspipe_job.clickhouse.ledger import LedgerRow, next_generation, superseded_by
 
