@@ -208,13 +208,17 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     return CollectionConverters.asScala(out.iterator());
   }
 
+  /**
+   * A key's only timer is the one at its current first + window: whenever the first moves,
+   * {@link #handleInputRows} deletes the old timer before it registers the new one (every version of
+   * this operator has), so a timer that fires always closes the current window and the state goes
+   * without being read first. Once the watermark has expired a timer per new key, that read was a
+   * third of the RocksDB calls of each expiry.
+   */
   @Override
   public Iterator<Row> handleExpiredTimer(
       Row key, TimerValues timerValues, ExpiredTimerInfo expiredTimerInfo) {
-    Tuple2<Long, Integer> stored = firstSeen.get();
-    if (stored != null && stored._1() + windowMs <= expiredTimerInfo.getExpiryTimeInMs()) {
-      firstSeen.clear();
-    }
+    firstSeen.clear();
     return CollectionConverters.asScala(Collections.<Row>emptyIterator());
   }
 }
