@@ -4,7 +4,7 @@ Starts its own Kafka (a broker with its production JIT) and ClickHouse, runs the
 continuously (`glasspipe run`, one replica, local Spark) and offers bench/workload.py's stream (10 % repeats)
 at each rate: a warm-up, then ``--settle`` seconds once the warm-up has landed, then the measured window.
 The events are made before they are offered (``Workload.plan``), so the producer costs ~3 us an event.
-A poller reads ClickHouse every 25 ms (``--poll``) for rows it has not seen (by ``seq``, which numbers first
+A poller reads ClickHouse every 50 ms (``--poll``) for rows it has not seen (by ``seq``, which numbers first
 occurrences; the table is sorted by it); a row's latency is the poll that first saw it minus its
 ``sent_at`` (the moment it was produced, to the millisecond: the column ``sent_ms``; Kafka appends it
 within milliseconds). Figures printed before 2026-11-24 23:45 UTC used the ``DateTime`` column ``sent_at``,
@@ -47,7 +47,7 @@ from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
 from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
 
-POLL_S = 0.025  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long (50 ms on average)
+POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long (50 ms on average)
 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,

@@ -61,6 +61,8 @@ def test_the_rendered_kafka_ca_reaches_spark_and_librdkafka() -> None:
     spark = config.kafka_options(source)
     assert spark["kafka.ssl.truststore.location"] == files["kafka-ca"]
     assert spark["kafka.ssl.truststore.type"] == "PEM"
+    # a cached consumer's parked fetch must not hold the next micro-batch's Kafka task for Kafka's 500 ms
+    assert int(spark["kafka.fetch.max.wait.ms"]) <= 100
     # offset commits, the dead-letter producer and the warm-up consumer all use these
     rdkafka = config.librdkafka_options(source)
     assert rdkafka["security.protocol"] == "SSL"
