@@ -17,8 +17,8 @@ from glasspipe_job.failure import JobFailure
 # Kafka consumer between micro-batches, and a consumer cannot send a fetch while an earlier one to the same
 # broker is parked. At 10 000 events/s with a 250 ms trigger the default let a Kafka task sit >= 500 ms with
 # ~15 ms of CPU 8-10 times in 7 minutes (which fetch waited is not pinned down); with 50 ms none did, and
-# batches took 239-253 ms against 282-312 ms (docs/benchmarks.md). The price: an idle consumer's fetch is
-# answered 20 times a second instead of twice.
+# batches took 239-253 ms against 282-312 ms (docs/benchmarks.md). The price: a consumer reading at the end
+# of its partition sends up to 20 fetches a second instead of 2.
 KAFKA_FETCH_MAX_WAIT_MS = 50
 
 
