@@ -15,10 +15,11 @@ from glasspipe_job.failure import JobFailure
 
 # How long a broker may park a fetch that finds no new records (Kafka's default 500 ms). Spark keeps a task's
 # Kafka consumer between micro-batches, and a consumer cannot send a fetch while an earlier one to the same
-# broker is parked. At 10 000 events/s with a 250 ms trigger the default let a Kafka task sit >= 500 ms with
-# ~15 ms of CPU 8-10 times in 7 minutes (which fetch waited is not pinned down); with 50 ms none did, and
-# batches took 239-253 ms against 282-312 ms (docs/benchmarks.md). The price: a consumer reading at the end
-# of its partition sends up to 20 fetches a second instead of 2.
+# broker is parked. At 10 000 events/s with a 250 ms trigger the default let 7-8 Kafka tasks in five minutes
+# sit 500-550 ms with ~15 ms of CPU (which fetch waited is not pinned down); with 50 ms none did in three
+# alternating pairs, and p95 / p99 were 0.75-0.92 / 1.05-1.30 s against 0.89-1.16 / 1.24-2.78 s (median
+# batches unchanged; docs/benchmarks.md). The price: a consumer reading at the end of its partition sends
+# up to 20 fetches a second instead of 2.
 KAFKA_FETCH_MAX_WAIT_MS = 50
 
 
