@@ -120,12 +120,15 @@ class Operator:
         return dict(conds.get(ctype) or {})
 
     def wait_condition(self, ns: str, name: str, ctype: str, status: str, reason: str | None = None,
-                       timeout: float = 45.0) -> dict[str, Any]:
+                       timeout: float = 45.0, message: str | None = None) -> dict[str, Any]:
+        """The condition once it has this status (and reason, and ``message`` in its message): a condition
+        that already matches may still carry the message of the reconciliation before the one awaited."""
         def check() -> dict[str, Any] | None:
             c = self.condition(ns, name, ctype)
-            ok = c.get("status") == status and (reason is None or c.get("reason") == reason)
+            ok = (c.get("status") == status and (reason is None or c.get("reason") == reason)
+                  and (message is None or message in c.get("message", "")))
             return c if ok else None
-        return wait_for(check, f"{name} {ctype}={status} {reason or ''}", timeout, self)
+        return wait_for(check, f"{name} {ctype}={status} {reason or ''} {message or ''}", timeout, self)
 
     def wait_apps(self, ns: str, names: list[str], timeout: float = 45.0) -> dict[str, dict[str, Any]]:
         def check() -> list[dict[str, dict[str, Any]]] | None:

@@ -188,8 +188,9 @@ def test_new_replicas_wait_for_old_driver_pods(operator: Operator) -> None:
 
     op.k("scale", "glasspipelines.glasspipe.io/pay", "-n", ns, "--replicas=2")
     op.wait_apps(ns, [])  # the old application is gone (no finalizer here), its driver pod is not
-    prog = op.wait_condition(ns, "pay", "Progressing", "True", "RollingOut")
-    assert f"waiting for old driver pod(s) {pod} to stop" in prog["message"]
+    # The reconciliation that deleted the application wrote RollingOut already; the next one names the pod.
+    op.wait_condition(ns, "pay", "Progressing", "True", "RollingOut",
+                      message=f"waiting for old driver pod(s) {pod} to stop")
     time.sleep(2 * INTERVAL)
     assert op.apps(ns) == {}, "new replicas started while an old driver pod was still running"
 
