@@ -165,20 +165,23 @@ JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.JoinProcessor.L
 LATE_GUARD_COL = "_gp_watermark_guard"  # io.glasspipe.spark.WindowDedup.LATE_GUARD_COL
 
 
-_window_dedup: dict[int, Any] = {}  # id(JVM view) -> io.glasspipe.spark.WindowDedup
+_window_dedup: dict[int, Any] = {}  # id(JVM view) -> io.glasspipe.spark.WindowDedup, once the jar has it
 
 
 def keys_in_two_partitions(spark: Any) -> int:
     """How many times this driver saw a key again in another Kafka partition within its window (read every
-    micro-batch: the class is looked up once, each part of its name is a JVM call)."""
+    micro-batch: the class is looked up once, each part of its name is a JVM call). Only a class found is
+    kept: py4j resolves a class the classpath lacks to a JavaPackage, and a later session may have the jar."""
+    from py4j.java_gateway import JavaClass
+
     jvm = spark.sparkContext._jvm
     cls = _window_dedup.get(id(jvm))
     if cls is None:
-        cls = _window_dedup[id(jvm)] = jvm.io.glasspipe.spark.WindowDedup
-    try:
-        return int(cls.keysInTwoPartitions())
-    except TypeError:  # the jar is not loaded: no dedup ran
-        return 0
+        cls = jvm.io.glasspipe.spark.WindowDedup
+        if not isinstance(cls, JavaClass):  # the jar is not loaded: no dedup ran
+            return 0
+        _window_dedup[id(jvm)] = cls
+    return int(cls.keysInTwoPartitions())
 
 
 def _call_static(df: DataFrame, entry: str, method: str, *args: Any) -> DataFrame:
