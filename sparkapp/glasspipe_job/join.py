@@ -50,7 +50,6 @@ from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.jvm import JOIN_LEFT, JOIN_RIGHT, temporal_join
-from glasspipe_job.session import session_task_slots
 from glasspipe_job.transform import (
     DEAD,
     DUPLICATE,
@@ -157,9 +156,6 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
     left, right = join_sides(config)
     both = (_kept_side(parsed[left.name], left, join.left.keys, JOIN_LEFT, left, right)
             .unionByName(_kept_side(parsed[right.name], right, join.right.keys, JOIN_RIGHT, left, right)))
-    # the stage before the join's shuffle: one task per task slot, not one per partition of both topics
-    # (runner.parsed_stream); a side's dedup operator keeps its own partitions (and state stores) inside
-    both = both.coalesce(session_task_slots(both.sparkSession))
     out = temporal_join(
         both, [_key(i) for i in range(len(join.left.keys))], side_col=SIDE, event_time_col=EVENT_TIME,
         late_col=PASS, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,

@@ -30,7 +30,7 @@ from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.join import JOIN_STATE_PLAN, build_join_stream, join_sides
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
-from glasspipe_job.session import driver_heap_bytes, session_task_slots
+from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import (
     batch_bound,
     parse_and_check,
@@ -166,11 +166,6 @@ def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, d
     assign = {topic: a.partitions} if config.replicas > 1 else None
     raw = read_kafka(spark, config, a.source, assign, ho.starting_offsets_json({topic: decision.read_from[topic]}),
                      driver_heap_bytes(spark))
-    if a.source.deduplication is not None or config.spec.join is not None:
-        # A shuffle follows: the first stage runs one task per task slot, each reading several Kafka partitions,
-        # not one task per partition in waves (4 partitions on 2 cores: ~10 ms less a batch, docs/benchmarks.md).
-        # Without a shuffle the Kafka partitions are the parts the sink takes (transform.read_kafka): kept.
-        raw = raw.coalesce(session_task_slots(spark))
     parsed = parse_and_check(raw, a.source)
     return with_warmup_flag(parsed, {topic: decision.warmup_partitions().get(topic, {})})
 

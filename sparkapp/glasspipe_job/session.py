@@ -29,18 +29,6 @@ def driver_heap_bytes(spark: SparkSession) -> int:
     return int(spark.sparkContext._jvm.java.lang.Runtime.getRuntime().maxMemory())  # type: ignore[union-attr]
 
 
-def task_slots(default_parallelism: int, conf: Mapping[str, str]) -> int:
-    """Tasks a session runs at once: Spark's default parallelism, or the configured executors' cores when more
-    (on Kubernetes a query's plan is fixed when it starts, maybe before every executor has registered)."""
-    instances = int(conf.get("spark.executor.instances") or 0)
-    return max(default_parallelism, instances * int(conf.get("spark.executor.cores") or 1), 1)
-
-
-def session_task_slots(spark: SparkSession) -> int:
-    sc = spark.sparkContext
-    return task_slots(sc.defaultParallelism, dict(sc.getConf().getAll()))
-
-
 def connector_jars() -> list[str]:
     """The Kafka connector jars (GLASSPIPE_SPARK_JARS, else those dev/install/spark-jars.sh cached)."""
     import pyspark
