@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from py4j.java_gateway import JavaClass
 from pyspark.sql import DataFrame
 
 JAR_NAME = "glasspipe-spark-ops.jar"
@@ -172,8 +173,6 @@ def keys_in_two_partitions(spark: Any) -> int:
     """How many times this driver saw a key again in another Kafka partition within its window (read every
     micro-batch: the class is looked up once, each part of its name is a JVM call). Only a class found is
     kept: py4j resolves a class the classpath lacks to a JavaPackage, and a later session may have the jar."""
-    from py4j.java_gateway import JavaClass
-
     jvm = spark.sparkContext._jvm
     cls = _window_dedup.get(id(jvm))
     if cls is None:
