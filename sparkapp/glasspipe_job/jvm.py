@@ -118,8 +118,8 @@ def flag_late_before_join(
     pass untouched, neither late nor duplicates.
 
     A row is late at or below the watermark, as the join counts it. ``event_time_col`` comes out as a
-    copy without the watermark's mark; the marked column is ``LATE_GUARD_COL`` (the event time of each
-    row that is not late, NULL for late rows), which the caller drops before the join.
+    copy without the watermark's mark, and no output column carries it: Spark drops no late row before
+    the join, and the operator passes the watermark on to it.
     """
     window_ms = round(window_seconds * 1000)
     if window_ms <= 0:
@@ -163,7 +163,6 @@ def temporal_join(
 
 JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"
 JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.JoinProcessor.LEFT / RIGHT / JOINED
-LATE_GUARD_COL = "_gp_watermark_guard"  # io.glasspipe.spark.WindowDedup.LATE_GUARD_COL
 
 
 _window_dedup: dict[int, Any] = {}  # id(JVM view) -> io.glasspipe.spark.WindowDedup, once the jar has it

@@ -172,7 +172,9 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
     reasons.append((F.col(EVENT_TIME).isNull(), F.lit("missing_event_time: " + (source.event_time.field or ""))))
     if source.event_time.source == "field":
         skew_ms = parse_duration_ms(source.event_time.max_future_skew)
-        ahead = F.col(EVENT_TIME) > F.col("_gp_kafka_timestamp") + F.expr(f"INTERVAL {skew_ms} MILLISECONDS")
+        # in microseconds since the epoch: a plain long comparison; adding an interval to a timestamp
+        # is a date-time library call per row
+        ahead = F.unix_micros(EVENT_TIME) > F.unix_micros("_gp_kafka_timestamp") + F.lit(skew_ms * 1000)
         reasons.append((ahead, F.concat(
             F.lit("event_time_in_future: "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
             F.lit(f" is more than eventTime.maxFutureSkew ({source.event_time.max_future_skew}) after the "
@@ -235,7 +237,7 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
         return out
     return (out.withColumn(STATUS, F.when(F.col(LATE), F.lit("dead")).otherwise(F.col(STATUS)))
             .withColumn(REASON, F.when(F.col(LATE), late_reason(source)).otherwise(F.col(REASON)))
-            .drop(LATE, "_gp_watermark_guard"))
+            .drop(LATE))
 
 
 def late_reason(source: models.Source, joined: bool = False) -> Column:
@@ -264,20 +266,19 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -
     if dedup is None:
         return (df.withColumn(DUPLICATE, F.lit(False)).withColumn(LATE, F.lit(None).cast("boolean"))
                 .withColumn(EVENT_TIME, _without_watermark_mark(F.col(EVENT_TIME))))
-    from glasspipe_job.jvm import LATE_GUARD_COL, flag_late_before_join
+    from glasspipe_job.jvm import flag_late_before_join
 
-    out = flag_late_before_join(
+    # the operator's EVENT_TIME comes out as a copy without the mark
+    return flag_late_before_join(
         df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000,
         flag_col=DUPLICATE, late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition",
         offset_col="_gp_offset")
-    # the operator's EVENT_TIME is already a copy without the mark; its marked column is the guard
-    return out.drop(LATE_GUARD_COL)
 
 
 def _without_watermark_mark(event_time: Column) -> Column:
     """The same timestamps in a new column: an expression's result does not inherit the watermark's
     metadata, by which a stateful operator would drop the rows at or below the watermark."""
-    return event_time + F.expr("INTERVAL 0 SECONDS")
+    return F.timestamp_micros(F.unix_micros(event_time))
 
 
 def with_dead_flag(df: DataFrame) -> DataFrame:

@@ -30,14 +30,15 @@ LATENESS = "10 seconds"
 class Stream:
     """A JSON file source folder plus a checkpoint; runs the dedup query into a memory table."""
 
-    def __init__(self, spark: Any, root: Path) -> None:
+    def __init__(self, spark: Any, root: Path, late_col: str | None = None) -> None:
         self.spark = spark
+        self.late_col = late_col  # the job's single-topic path: late rows flagged, not dropped
         self.src = root / "in"
         self.ckpt = root / "ckpt"
         self.src.mkdir(parents=True)
         self.n = 0
         self.q: Any = None
-        self.calls: list[tuple[int, list[tuple[str, str, bool]]]] = []
+        self.calls: list[tuple[int, list[tuple[Any, ...]]]] = []
 
     def put(self, rows: list[tuple[str, str, str]]) -> None:
         tmp = self.src / f".f{self.n:04d}.json.tmp"
@@ -54,7 +55,7 @@ class Stream:
             .json(str(self.src))
             .withWatermark("ts", LATENESS)
         )
-        out = deduplicate_within_window(src, ["k"], "ts", WINDOW_S, flag_col="dup")
+        out = deduplicate_within_window(src, ["k"], "ts", WINDOW_S, flag_col="dup", late_col=self.late_col)
         # foreachBatch (not the memory sink, which cannot restart from a checkpoint in append
         # mode) records what each micro-batch emitted, per batch id, including replays.
         self.q = (
@@ -68,14 +69,15 @@ class Stream:
         # One action only, sorted here: df.orderBy() would sample the input first, i.e. run the
         # stateful operator twice for the same batch.
         got = sorted(df.collect(), key=lambda r: (r.ts, r.payload))
-        self.calls.append((batch_id, [(r.k, r.payload, r.dup) for r in got]))
+        extra = (lambda r: (r[self.late_col],)) if self.late_col else (lambda r: ())
+        self.calls.append((batch_id, [(r.k, r.payload, r.dup, *extra(r)) for r in got]))
 
     def step(self, rows: list[tuple[str, str, str]]) -> None:
         self.put(rows)
         self.q.processAllAvailable()
 
-    def rows(self) -> list[tuple[str, str, bool]]:
-        """(key, payload, dropped) of everything emitted (last run of each batch), in batch order."""
+    def rows(self) -> list[tuple[Any, ...]]:
+        """(key, payload, dropped[, late]) of everything emitted (last run of each batch), in batch order."""
         last = dict(self.calls)
         return [row for batch in sorted(last) for row in last[batch]]
 
@@ -163,6 +165,29 @@ def test_watermark_evicts_state_and_key_is_accepted_again(stream: Stream) -> Non
         ("c", "c2", True),
     ]
     stream.wait_state_rows(2)  # b (new window) and c
+
+
+def test_late_rows_come_out_flagged_and_no_batch_compiles_a_watermark_check(spark_dedup: Any, tmp_path: Path) -> None:
+    """The job's single-topic path: a late row is emitted with its late flag (for the dead-letter topic),
+    and the plan holds no check of emitted event times, whose predicate holds the batch's watermark as a
+    literal and so was compiled anew every micro-batch."""
+    s = Stream(spark_dedup, tmp_path, late_col="late")
+    try:
+        s.start()
+        s.step([("a", t("00:00"), "a1")])
+        s.step([("c", t("10:00"), "c1")])  # watermark 09:50 from the next batch on
+        s.step([("b", t("00:20"), "b-late"), ("a", t("09:55"), "a2"), ("c", t("10:30"), "c2")])
+        assert s.rows() == [
+            ("a", "a1", False, False),
+            ("c", "c1", False, False),
+            ("b", "b-late", False, True),
+            ("a", "a2", False, False),
+            ("c", "c2", True, False),
+        ]
+        plan = s.q._jsq.explainInternal(False)  # what StreamingQuery.explain() prints
+        assert "TransformWithState" in plan and "UpdateEventTimeColumn" not in plan, plan
+    finally:
+        s.stop()
 
 
 def test_state_survives_restart_and_replay_is_identical(stream: Stream) -> None:

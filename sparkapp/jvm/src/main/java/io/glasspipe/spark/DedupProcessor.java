@@ -37,10 +37,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * Spark from dropping them (see {@link WindowDedup}), and they are emitted with the late flag set,
  * without reading or changing any state, so that they reach the dead-letter topic.
  *
- * <p>Before a join ({@code guardIndex} >= 0) a row is late at or below the watermark, as Spark's join
- * operator counts it ({@code t <= watermark}), and every row that is not late carries its event time
- * in the guard column: that column is the watermarked event time the join reads, so the join drops
- * nothing.
+ * <p>Before a join ({@code lateAtWatermark}) a row is late at or below the watermark, as the join
+ * operator counts it ({@code t <= watermark}).
  *
  * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and
  * offset), so a replayed micro-batch with the same rows gives the same result.
@@ -60,7 +58,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private final int offsetIndex;
   private final LongAccumulator keysInTwoPartitions;
   private final boolean flagLate;
-  private final int guardIndex;
+  private final boolean lateAtWatermark;
   private transient ValueState<Tuple2<Long, Integer>> firstSeen;
 
   /**
@@ -71,16 +69,15 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
       int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate) {
     this(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions,
-        flagLate, -1);
+        flagLate, false);
   }
 
   /**
-   * @param guardIndex index of the guard column set to the event time of every row that is not late
-   *     (before a join); -1: none
+   * @param lateAtWatermark a row at the watermark is late too (before a join, which counts it so)
    */
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
       int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate,
-      int guardIndex) {
+      boolean lateAtWatermark) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
@@ -89,7 +86,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     this.offsetIndex = offsetIndex;
     this.keysInTwoPartitions = keysInTwoPartitions;
     this.flagLate = flagLate;
-    this.guardIndex = guardIndex;
+    this.lateAtWatermark = lateAtWatermark;
   }
 
   private long offsetOf(Row row) {
@@ -133,9 +130,6 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     if (flagLate) {
       values[row.length() + 1] = late;
     }
-    if (guardIndex >= 0) {
-      values[guardIndex] = late ? null : row.get(eventTimeIndex);
-    }
     return RowFactory.create(values);
   }
 
@@ -144,7 +138,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     if (!flagLate || t == Long.MIN_VALUE) {
       return false;
     }
-    return guardIndex >= 0 ? t <= watermark : t < watermark;
+    return lateAtWatermark ? t <= watermark : t < watermark;
   }
 
   @Override

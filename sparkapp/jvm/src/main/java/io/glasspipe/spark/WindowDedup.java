@@ -7,9 +7,11 @@ import java.util.List;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.KeyValueGroupedDataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
@@ -58,17 +60,13 @@ public final class WindowDedup {
     return deduplicate(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, null);
   }
 
-  /** The event-time column handed to {@code transformWithState} when late rows are flagged. */
-  public static final String LATE_GUARD_COL = "_gp_watermark_guard";
-
   /**
    * As above; with {@code lateCol} non-null (and {@code flagCol} non-null), late rows are not dropped
    * by Spark but emitted with the boolean {@code lateCol} set to true, so the caller can dead-letter
    * them. Spark drops late rows by the input's watermark column before a stateful processor sees
    * them; so here the event time is copied into a column without the watermark mark (the watermark
-   * itself is already tracked upstream) and {@code transformWithState} gets an all-NULL guard column
-   * {@link #LATE_GUARD_COL} as its event time, which is never late. The output carries that guard
-   * column (NULL) instead of a watermarked event time: nothing stateful may follow.
+   * itself is already tracked upstream) and {@code transformWithState} runs in event-time mode with no
+   * marked column in or out; event-time mode passes the input's watermark on to an operator after it.
    */
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
@@ -80,9 +78,9 @@ public final class WindowDedup {
    * One side of a join with deduplication: late rows flagged in {@code lateCol} (not dropped) and
    * deduplicated as {@link #deduplicate} does ({@code flagCol} marks duplicates); rows with
    * {@code passthroughCol} true (dead rows) pass untouched. A row is late at or below the watermark
-   * ({@code t <= watermark}, as the join counts it). The output's watermarked event time is
-   * {@link #LATE_GUARD_COL}: the event time of each row that is not late, NULL for late rows. (A side
-   * without deduplication needs no operator: the join flags its late rows.)
+   * ({@code t <= watermark}, as the join counts it). No output column carries the watermark's mark, so
+   * Spark drops no late row before the join either. (A side without deduplication needs no operator:
+   * the join flags its late rows.)
    */
   public static Dataset<Row> flagLateBeforeJoin(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
@@ -100,8 +98,7 @@ public final class WindowDedup {
       if (flagCol == null) {
         throw new IllegalArgumentException("lateCol needs flagCol");
       }
-      df = df.withColumn(eventTimeCol, functions.col(eventTimeCol).plus(functions.expr("INTERVAL 0 SECONDS")))
-          .withColumn(LATE_GUARD_COL, functions.lit(null).cast(DataTypes.TimestampType));
+      df = df.withColumn(eventTimeCol, functions.timestamp_micros(functions.unix_micros(functions.col(eventTimeCol))));
     }
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
@@ -148,13 +145,16 @@ public final class WindowDedup {
     if (keysInTwoPartitions == null) {
       keysInTwoPartitions = df.sparkSession().sparkContext().longAccumulator("glasspipe.keysInTwoPartitions");
     }
-    int guardIndex = beforeJoin ? schema.fieldIndex(LATE_GUARD_COL) : -1;
     DedupProcessor processor = new DedupProcessor(
         etIndex, windowMs, flagCol != null, passthroughIndex, partitionIndex, offsetIndex,
-        keysInTwoPartitions, lateCol != null, guardIndex);
-    return df.groupBy(keyCols)
-        .as(Encoders.row(keySchema), Encoders.row(schema))
-        .transformWithState(processor, lateCol != null ? LATE_GUARD_COL : eventTimeCol, OutputMode.Append(),
-            Encoders.row(outSchema));
+        keysInTwoPartitions, lateCol != null, beforeJoin);
+    KeyValueGroupedDataset<Row, Row> grouped = df.groupBy(keyCols).as(Encoders.row(keySchema), Encoders.row(schema));
+    if (lateCol != null) {
+      // No output column carries the watermark's mark: the watermark still reaches a join after this
+      // (event-time mode passes the input's on), and Spark adds no check of emitted event times, a
+      // predicate holding the batch's watermark that was compiled anew every batch.
+      return grouped.transformWithState(processor, TimeMode.EventTime(), OutputMode.Append(), Encoders.row(outSchema));
+    }
+    return grouped.transformWithState(processor, eventTimeCol, OutputMode.Append(), Encoders.row(outSchema));
   }
 }
