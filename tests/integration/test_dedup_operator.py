@@ -32,7 +32,7 @@ class Stream:
 
     def __init__(self, spark: Any, root: Path, late_col: str | None = None) -> None:
         self.spark = spark
-        self.late_col = late_col  # the job's single-topic path: late rows flagged, not dropped
+        self.late_col = late_col
         self.src = root / "in"
         self.ckpt = root / "ckpt"
         self.src.mkdir(parents=True)
@@ -112,14 +112,23 @@ class Stream:
             self.q = None
 
 
-@pytest.fixture
-def stream(spark_dedup: Any, tmp_path: Path) -> Iterator[Stream]:
-    s = Stream(spark_dedup, tmp_path)
+def _stopped_after(s: Stream, root: Path) -> Iterator[Stream]:
     try:
         yield s
     finally:
         s.stop()
-        shutil.rmtree(tmp_path, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def stream(spark_dedup: Any, tmp_path: Path) -> Iterator[Stream]:
+    yield from _stopped_after(Stream(spark_dedup, tmp_path), tmp_path)
+
+
+@pytest.fixture
+def late_stream(spark_dedup: Any, tmp_path: Path) -> Iterator[Stream]:
+    """The job's single-topic path: late rows flagged in ``late``, not dropped."""
+    yield from _stopped_after(Stream(spark_dedup, tmp_path, late_col="late"), tmp_path)
 
 
 def t(mmss: str) -> str:
@@ -167,27 +176,24 @@ def test_watermark_evicts_state_and_key_is_accepted_again(stream: Stream) -> Non
     stream.wait_state_rows(2)  # b (new window) and c
 
 
-def test_late_rows_come_out_flagged_and_no_batch_compiles_a_watermark_check(spark_dedup: Any, tmp_path: Path) -> None:
+def test_late_rows_come_out_flagged_and_no_batch_compiles_a_watermark_check(late_stream: Stream) -> None:
     """The job's single-topic path: a late row is emitted with its late flag (for the dead-letter topic),
     and the plan holds no check of emitted event times, whose predicate holds the batch's watermark as a
     literal and so was compiled anew every micro-batch."""
-    s = Stream(spark_dedup, tmp_path, late_col="late")
-    try:
-        s.start()
-        s.step([("a", t("00:00"), "a1")])
-        s.step([("c", t("10:00"), "c1")])  # watermark 09:50 from the next batch on
-        s.step([("b", t("00:20"), "b-late"), ("a", t("09:55"), "a2"), ("c", t("10:30"), "c2")])
-        assert s.rows() == [
-            ("a", "a1", False, False),
-            ("c", "c1", False, False),
-            ("b", "b-late", False, True),
-            ("a", "a2", False, False),
-            ("c", "c2", True, False),
-        ]
-        plan = s.q._jsq.explainInternal(False)  # what StreamingQuery.explain() prints
-        assert "TransformWithState" in plan and "UpdateEventTimeColumn" not in plan, plan
-    finally:
-        s.stop()
+    s = late_stream
+    s.start()
+    s.step([("a", t("00:00"), "a1")])
+    s.step([("c", t("10:00"), "c1")])  # watermark 09:50 from the next batch on
+    s.step([("b", t("00:20"), "b-late"), ("a", t("09:55"), "a2"), ("c", t("10:30"), "c2")])
+    assert s.rows() == [
+        ("a", "a1", False, False),
+        ("c", "c1", False, False),
+        ("b", "b-late", False, True),
+        ("a", "a2", False, False),
+        ("c", "c2", True, False),
+    ]
+    plan = s.q._jsq.explainInternal(False)  # what StreamingQuery.explain() prints
+    assert "TransformWithState" in plan and "UpdateEventTimeColumn" not in plan, plan
 
 
 def test_state_survives_restart_and_replay_is_identical(stream: Stream) -> None:

@@ -65,14 +65,6 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
    * @param passthroughIndex index of a boolean column; rows where it is true (e.g. records bound
    *     for the dead-letter topic) are emitted as kept without reading or changing any state. -1:
    *     no such column.
-   */
-  public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
-      int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate) {
-    this(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions,
-        flagLate, false);
-  }
-
-  /**
    * @param lateAtWatermark a row at the watermark is late too (before a join, which counts it so)
    */
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
