@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from py4j.java_gateway import JavaClass
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 
 JAR_NAME = "glasspipe-spark-ops.jar"
 JVM_ENTRY = "io.glasspipe.spark.WindowDedup"
@@ -102,6 +102,23 @@ def deduplicate_within_window(
                         passthrough_col, partition_col, offset_col, late_col)
 
 
+def parse_json_values(df: DataFrame, value_col: str, out_col: str, schema: Any, corrupt_col: str) -> DataFrame:
+    """``df`` with ``out_col`` = the BINARY ``value_col`` parsed by the struct ``schema``, exactly as
+    ``from_json(CAST(value_col AS STRING), schema, {mode: PERMISSIVE, columnNameOfCorruptRecord:
+    corrupt_col})`` would (``io.glasspipe.spark.JsonValues``), but from the bytes in place: ``from_json``
+    allocates an 8 KB decoder buffer per record."""
+    return _call_static(df, JSON_ENTRY, "withParsed", value_col, out_col, schema.json(), corrupt_col)
+
+
+def json_not_an_object(df: DataFrame, value_col: str) -> Column:
+    """A BOOLEAN column: true where the BINARY ``value_col`` of ``df`` is not a JSON object, as
+    ``from_json(CAST(value_col AS STRING), 'map<string,string>') IS NULL`` is, with generated code: Spark's
+    ``from_json`` has none, and takes its whole projection out of whole-stage code generation."""
+    from pyspark.sql.classic.column import Column as ClassicColumn
+
+    return ClassicColumn(_static(df, JSON_ENTRY).notAnObject(df._jdf, value_col))
+
+
 def flag_late_before_join(
     df: DataFrame,
     keys: list[str],
@@ -162,6 +179,7 @@ def temporal_join(
 
 
 JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"
+JSON_ENTRY = "io.glasspipe.spark.JsonValues"
 JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.JoinProcessor.LEFT / RIGHT / JOINED
 
 
@@ -182,20 +200,22 @@ def keys_in_two_partitions(spark: Any) -> int:
     return int(cls.keysInTwoPartitions())
 
 
-def _call_static(df: DataFrame, entry: str, method: str, *args: Any) -> DataFrame:
-    """``entry.method(df._jdf, *args)`` of the ops jar, as a DataFrame. py4j resolves an unknown class to a
-    JavaPackage, which is not callable: that TypeError means the jar is not on the classpath."""
-    spark = df.sparkSession
-    jvm = spark.sparkContext._jvm
+def _static(df: DataFrame, entry: str) -> Any:
+    """The ops jar's class ``entry`` in ``df``'s JVM. Raises RuntimeError naming the install step if the jar
+    is not on the classpath (py4j then resolves the name to a JavaPackage)."""
+    jvm = df.sparkSession.sparkContext._jvm
     assert jvm is not None
     target: Any = jvm
     for part in entry.split("."):
         target = getattr(target, part)
-    try:
-        jdf = getattr(target, method)(df._jdf, *args)
-    except TypeError as exc:
+    if not isinstance(target, JavaClass):
         raise RuntimeError(
             f"{entry} is not on the Spark classpath: add jvm_ops_jar() to spark.jars "
             f"before the session starts (build it with `bash {INSTALL_SCRIPT}`)"
-        ) from exc
-    return DataFrame(jdf, spark)
+        )
+    return target
+
+
+def _call_static(df: DataFrame, entry: str, method: str, *args: Any) -> DataFrame:
+    """``entry.method(df._jdf, *args)`` of the ops jar, as a DataFrame."""
+    return DataFrame(getattr(_static(df, entry), method)(df._jdf, *args), df.sparkSession)

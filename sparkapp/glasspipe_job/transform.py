@@ -140,6 +140,8 @@ def _json(obj: Any) -> str:
 
 def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
     """Parse JSON on the JVM and classify each record as ok / dead (with reason) / filtered."""
+    from glasspipe_job.jvm import json_not_an_object, parse_json_values
+
     schema = payload_schema(source)
     df = raw.select(
         F.col("topic").alias("_gp_topic"),
@@ -148,13 +150,12 @@ def parse_and_check(raw: DataFrame, source: models.Source) -> DataFrame:
         F.col("value").alias("_gp_value"),
         F.col("key").alias(KEY),
         F.col("timestamp").alias("_gp_kafka_timestamp"),
-        F.from_json(F.col("value").cast("string"), schema,
-                    {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}).alias("_gp_json"),
     )
+    df = parse_json_values(df, "_gp_value", "_gp_json", schema, CORRUPT)
     fields = source.schema_.fields
     df = df.select(*META_COLUMNS, KEY, "_gp_kafka_timestamp", "_gp_json",
                    *[_field_column(f).alias(f.name) for f in fields])
-    not_an_object = F.from_json(F.col("_gp_value").cast("string"), "map<string,string>").isNull()
+    not_an_object = json_not_an_object(df, "_gp_value")
     reasons: list[tuple[Column, Column]] = [
         (F.col("_gp_value").isNull() | F.col("_gp_json").isNull(), F.lit("malformed_json: empty value")),
         (F.col(f"_gp_json.{CORRUPT}").isNotNull() & not_an_object,

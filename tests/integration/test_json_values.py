@@ -1,0 +1,115 @@
+"""io.glasspipe.spark.JsonValues (the job's JSON parse from a Kafka value's bytes) on real local Spark:
+every record comes out as Spark's own from_json gives it, corrupt-record column included."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from glasspipe_job.jvm import json_not_an_object, parse_json_values
+
+pytestmark = pytest.mark.integration
+
+CORRUPT = "_gp_corrupt"
+SCHEMA = (
+    f"id string, n bigint, x double, ok boolean, ts timestamp, tags array<string>,"
+    f" u struct<name: string, age: int>, {CORRUPT} string"
+)
+
+VALUES: list[bytes | None] = [
+    b'{"id":"a","n":1,"x":1.5,"ok":true,"ts":"2026-11-26T07:30:00.123456+00:00","tags":["p","q"],'
+    b'"u":{"name":"z","age":3}}',
+    b'{"id":"b","ts":"2026-11-26T07:30:00Z","extra":{"deep":[1,2,{"k":null}]}}',
+    b'  {"id" : "c" , "n" : "12"}  ',                   # a number as a string: does not fit bigint
+    b'{"id":"d","n":12.5}',                             # a fraction for a bigint
+    b'{"id":"e","ts":"not a time"}',
+    '{"id":"f","u":{"name":"Zoë ☃ 𝄞"}}'.encode(),      # 2-, 3- and 4-byte UTF-8
+    b'{"id":"g\xff\xfe","n":2}',                        # not UTF-8 inside a string
+    b'\xef\xbb\xbf{"id":"h"}',                          # a UTF-8 byte-order mark
+    '{"id":"i"}'.encode("utf-16-le"),                   # NUL bytes: another encoding
+    '\ufeff{"id":"j"}'.encode("utf-16"),                # a UTF-16 byte-order mark
+    b'{"id":"k",',                                      # cut short
+    b'[{"id":"l"}]',                                    # an array, not an object
+    b'"just a string"',
+    b'42',
+    b'null',
+    b'',
+    b'   ',
+    None,
+    b'{"id":"m"} {"id":"n"}',                           # two objects
+    b'{"id":"o","id":"p"}',                             # a duplicate key
+    b'{"id":"q","n":9223372036854775808}',              # overflows bigint
+    b'{"id":"r","x":NaN}',
+    b'{"ID":"s","N":3}',                                # other case
+    b'{"id":"t","tags":"p"}',                           # a string for an array
+    b'{"id":"u","u":[1]}',                              # an array for a struct
+    b'{"id":"v\\u00e9\\n","n":-0}',                     # escapes
+]
+
+
+def test_every_value_parses_as_from_json_parses_it(spark: Any) -> None:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    schema = T._parse_datatype_string(SCHEMA)
+    rows = [(i, v) for i, v in enumerate(VALUES)]
+    df = spark.createDataFrame(rows, "i int, value binary").repartition(2)
+    ours = parse_json_values(df, "value", "ours", schema, CORRUPT)
+    both = ours.withColumn("theirs", F.from_json(F.col("value").cast("string"), schema,
+                                                 {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
+    both = both.withColumn("ours_no_object", json_not_an_object(both, "value"))
+    as_map = F.from_json(F.col("value").cast("string"), "map<string,string>")
+    both = both.withColumn("theirs_no_object", as_map.isNull())
+    collected = both.collect()
+    assert [r["i"] for r in collected if r["ours_no_object"] != r["theirs_no_object"]] == []
+    assert 0 < sum(r["ours_no_object"] for r in collected) < len(VALUES)
+    got = {r["i"]: (r["ours"], r["theirs"]) for r in collected}
+    assert sorted(got) == list(range(len(VALUES)))
+    differ = {VALUES[i]: pair for i, pair in got.items() if repr(pair[0]) != repr(pair[1])}  # NaN != NaN
+    assert differ == {}
+    # the inputs do reach both outcomes: parsed, corrupt, and NULL
+    outcomes = {"parsed" if o is not None and o[CORRUPT] is None else "corrupt" if o is not None else "null"
+                for o, _ in got.values()}
+    assert outcomes == {"parsed", "corrupt", "null"}
+    assert got[0][0]["u"]["age"] == 3 and got[5][0]["u"]["name"] == "Zoë ☃ 𝄞"
+
+
+def test_generated_code_and_interpreted_eval_agree(spark: Any) -> None:
+    from pyspark.sql import types as T
+
+    schema = T._parse_datatype_string(SCHEMA)
+    df = spark.createDataFrame([(i, v) for i, v in enumerate(VALUES)], "i int, value binary")
+    codegen = sorted(parse_json_values(df, "value", "p", schema, CORRUPT).collect())
+    spark.conf.set("spark.sql.codegen.wholeStage", "false")
+    spark.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
+    try:
+        interpreted = sorted(parse_json_values(df, "value", "p", schema, CORRUPT).collect())
+    finally:
+        spark.conf.unset("spark.sql.codegen.wholeStage")
+        spark.conf.unset("spark.sql.codegen.factoryMode")
+    assert repr(codegen) == repr(interpreted)
+
+
+def test_parse_and_check_runs_in_whole_stage_code_generation(spark: Any) -> None:
+    """Spark's from_json has no generated code: a projection holding it ran interpreted, its code generated
+    again in every task. The job's parse and checks now compile into whole-stage stages."""
+    from glasspipe.api import models
+    from glasspipe_job.transform import parse_and_check
+
+    source = models.Source.model_validate({
+        "name": "s", "kafka": {"topic": "t", "bootstrapServers": "k:9092"},
+        "schema": {"fields": [{"name": "id", "type": "string"}, {"name": "ts", "type": "timestamp"}]},
+        "eventTime": {"source": "field", "field": "ts"},
+    })
+    raw = spark.createDataFrame(
+        [(b"k", b'{"id":"a","ts":"2026-11-26T07:30:00Z"}', "t", 0, 1, None), (b"k", b"[1]", "t", 0, 2, None)],
+        "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp")
+    checked = parse_and_check(raw, source)
+    plan = str(checked._jdf.queryExecution().executedPlan().toString())
+    # a projection in a whole-stage stage prints as "*(n) Project [...]"; one evaluated on its own, "Project ["
+    interpreted = [line for line in plan.splitlines() if re.match(r"^[\s:+-]*Project \[", line)]
+    assert interpreted == [], plan
+    rows = {r["_gp_offset"]: r for r in checked.collect()}
+    assert rows[1]["_gp_status"] == "ok" and rows[2]["_gp_reason"] == "malformed_json: not a JSON object"
