@@ -13,7 +13,6 @@ import org.apache.spark.sql.catalyst.expressions.Expression;
 import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.json.JsonToStructsEvaluator;
 import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
-import org.apache.spark.sql.catalyst.json.CreateJacksonParser;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.json.JacksonParser;
 import org.apache.spark.sql.catalyst.util.FailureSafeParser;
@@ -49,14 +48,29 @@ public final class JsonValues implements Serializable {
   private final StructType schema;
   private final String corruptColumn;
   private final String timeZoneId;
+  /** {@code from_json} itself (Spark's evaluator): the path for what the byte parser does not take. */
+  private final JsonToStructsEvaluator fromJson;
   private transient FailureSafeParser<byte[]> bytesParser;
-  private transient FailureSafeParser<UTF8String> textParser;
   private transient int corruptIndex;
 
   private JsonValues(StructType schema, String corruptColumn, String timeZoneId) {
     this.schema = schema;
     this.corruptColumn = corruptColumn;
     this.timeZoneId = timeZoneId;
+    this.fromJson = new JsonToStructsEvaluator(options(corruptColumn), schema, corruptColumn,
+        Option.apply(timeZoneId), false);
+  }
+
+  private static Map<String, String> options(String corruptColumn) {
+    return new Map.Map2<>("mode", "PERMISSIVE", "columnNameOfCorruptRecord", corruptColumn);
+  }
+
+  /** {@code target.method(arg)} in generated code, {@code target} serialized with the plan. */
+  private static Column invoke(Serializable target, String method, DataType type, Column arg, boolean nullForNull) {
+    Seq<Expression> args = CollectionConverters.asScala(List.of(ExpressionUtils.expression(arg))).toSeq();
+    Seq<AbstractDataType> argTypes = CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq();
+    return ExpressionUtils.column(new Invoke(Literal.create(target, new ObjectType(target.getClass())), method, type,
+        args, argTypes, nullForNull, nullForNull, true));
   }
 
   /**
@@ -69,13 +83,7 @@ public final class JsonValues implements Serializable {
     StructType schema = ((StructType) DataType.fromJson(schemaJson)).asNullable();
     String timeZone = df.sparkSession().conf().get("spark.sql.session.timeZone");
     JsonValues parser = new JsonValues(schema, corruptColumn, timeZone);
-    Expression value = ExpressionUtils.expression(df.col(valueCol));
-    Seq<Expression> args = CollectionConverters.asScala(List.of(value)).toSeq();
-    Seq<AbstractDataType> argTypes = CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq();
-    Expression parsed = new Invoke(Literal.create(parser, new ObjectType(JsonValues.class)), "parse", schema,
-        args, argTypes, true, true, true);
-    Column column = ExpressionUtils.column(parsed);
-    return df.withColumn(outCol, column);
+    return df.withColumn(outCol, invoke(parser, "parse", schema, df.col(valueCol), true));
   }
 
   /**
@@ -86,10 +94,7 @@ public final class JsonValues implements Serializable {
    */
   public static Column notAnObject(Dataset<Row> df, String valueCol) {
     ObjectCheck check = new ObjectCheck(df.sparkSession().conf().get("spark.sql.session.timeZone"));
-    Seq<Expression> args = CollectionConverters.asScala(List.of(ExpressionUtils.expression(df.col(valueCol)))).toSeq();
-    Seq<AbstractDataType> argTypes = CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq();
-    return ExpressionUtils.column(new Invoke(Literal.create(check, new ObjectType(ObjectCheck.class)), "notAnObject",
-        DataTypes.BooleanType, args, argTypes, false, false, true));
+    return invoke(check, "notAnObject", DataTypes.BooleanType, df.col(valueCol), false);
   }
 
   /** Spark's own {@code from_json} to {@code map<string,string>}, called from generated code. */
@@ -113,12 +118,9 @@ public final class JsonValues implements Serializable {
     if (bytesParser == null) {
       open();
     }
-    if (!readsAsUtf8(value)) {
-      return first(textParser.parse(UTF8String.fromBytes(value)));
-    }
-    InternalRow row = first(bytesParser.parse(value));
+    InternalRow row = readsAsUtf8(value) ? first(bytesParser.parse(value)) : null;
     if (row == null || !row.isNullAt(corruptIndex)) {
-      return first(textParser.parse(UTF8String.fromBytes(value)));
+      return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
     }
     return row;
   }
@@ -141,8 +143,7 @@ public final class JsonValues implements Serializable {
   }
 
   private void open() {
-    Map<String, String> options = new Map.Map2<>("mode", "PERMISSIVE", "columnNameOfCorruptRecord", corruptColumn);
-    JSONOptions parsedOptions = new JSONOptions(options, timeZoneId, corruptColumn);
+    JSONOptions parsedOptions = new JSONOptions(options(corruptColumn), timeZoneId, corruptColumn);
     StructType fields = new StructType(java.util.Arrays.stream(schema.fields())
         .filter(f -> !f.name().equals(corruptColumn)).toArray(org.apache.spark.sql.types.StructField[]::new));
     Seq<Filter> noFilters = CollectionConverters.asScala(List.<Filter>of()).toSeq();
@@ -155,11 +156,7 @@ public final class JsonValues implements Serializable {
         throw new java.io.UncheckedIOException(e);
       }
     };
-    scala.Function1<UTF8String, UTF8String> textLiteral = s -> s;
-    scala.Function2<JsonFactory, UTF8String, JsonParser> textSource = CreateJacksonParser::utf8String;
     bytesParser = new FailureSafeParser<>(b -> raw.parse(b, bytesSource, bytesLiteral),
-        parsedOptions.parseMode(), schema, corruptColumn);
-    textParser = new FailureSafeParser<>(s -> raw.parse(s, textSource, textLiteral),
         parsedOptions.parseMode(), schema, corruptColumn);
     corruptIndex = schema.fieldIndex(corruptColumn);
   }
