@@ -95,6 +95,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
+    TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
     firstSeen = getHandle().getValueState(
         "firstSeen", Encoders.tuple(Encoders.LONG(), Encoders.INT()), TTLConfig.NONE());
   }

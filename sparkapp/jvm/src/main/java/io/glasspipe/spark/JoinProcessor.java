@@ -124,6 +124,7 @@ public final class JoinProcessor extends StatefulProcessor<Row, Row, Row> {
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
+    TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
     stored = getHandle().getValueState("rows", Encoders.row(stateSchema), TTLConfig.NONE());
   }
 
