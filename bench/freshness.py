@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from thread_cpu import CpuWindow, descendants
-from workload import Workload, produce_plan
+from workload import LINGER_MS, Workload, produce_plan
 
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe_dev.clickhouse import ClickHouseServer
@@ -204,7 +204,7 @@ def _jcmd(root: int | None, *command: str) -> None:
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
             warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
             window: str | None = None, jfr: Path | None = None, settle: float = 0.0,
-            code: Path | None = None, poll: float = POLL_S) -> dict[str, Any]:
+            code: Path | None = None, poll: float = POLL_S, linger_ms: int = LINGER_MS) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
@@ -234,7 +234,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 recording = jfr.with_name(f"{jfr.stem}-{int(rate)}{jfr.suffix or '.jfr'}")
                 _jcmd(pipeline, "JFR.start", "name=gp-fresh", "settings=profile", f"filename={recording}")
             began = time.time() + settle  # rows sent from here on are measured
-            got = produce_plan(kafka.bootstrap, topic, plan, rate)
+            got = produce_plan(kafka.bootstrap, topic, plan, rate, linger_ms)
             if jfr is not None:
                 _jcmd(pipeline, "JFR.stop", "name=gp-fresh")
                 print(f"  JFR of the measured window: {recording}", flush=True)
@@ -251,8 +251,9 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts, window or "5m")
         phases = batch_phases(tmp / f"{table}.log", first_batch)
         print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
-              f"{got['repeats']:.0f} repeats; trigger {trigger}; the last {seconds:.0f} s measured): landed "
-              f"{len(lat)} rows; latency (polled every {poll * 1000:.0f} ms) "
+              f"{got['repeats']:.0f} repeats; trigger {trigger}; producer linger {linger_ms} ms; "
+              f"the last {seconds:.0f} s measured): landed {len(lat)} rows; "
+              f"latency (polled every {poll * 1000:.0f} ms) "
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
               f"p99 {percentile(lat, 0.99):.2f} s, "
               f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
@@ -271,7 +272,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
         return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "settle": settle,
-                "trigger": trigger, "poll_s": poll,
+                "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
                 "max_rows": max_rows, "window": window,  # None: the example's
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
@@ -301,6 +302,9 @@ def main() -> None:
                    "FILE-<rate>.jfr (bench/profile_summary.py --jfr reads it)")
     p.add_argument("--poll", type=float, default=POLL_S, help="seconds between the poller's reads of ClickHouse: "
                    "a latency reads up to this much long (half of it on average)")
+    p.add_argument("--linger-ms", type=int, default=LINGER_MS, help="the producer's linger.ms while measuring: "
+                   "longer sends fewer, larger requests (less CPU for the producer and the broker on this machine); "
+                   "a record's wait in the producer counts in its latency")
     p.add_argument("--code", type=Path, help="run the job of this code tree instead of this checkout's (an A/B "
                    "against e.g. `git archive main | tar -x -C DIR`; its JVM operators jar must be built: "
                    "dev/install/jvm-ops.sh from that tree)")
@@ -314,7 +318,7 @@ def main() -> None:
         for rate in (float(r) for r in args.rates.split(",")):
             res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup,
                           args.warmup_rate or rate, spark_conf, args.max_rows, args.window, args.jfr, args.settle,
-                          args.code.resolve() if args.code else None, args.poll)
+                          args.code.resolve() if args.code else None, args.poll, args.linger_ms)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")

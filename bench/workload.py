@@ -107,8 +107,11 @@ class Workload:
         return Plan(keys, heads, repeats)
 
 
-def _producer(bootstrap: str) -> Producer:
-    return Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True,
+LINGER_MS = 5  # librdkafka's default: a produce request per partition every 5 ms at most
+
+
+def _producer(bootstrap: str, linger_ms: int = LINGER_MS) -> Producer:
+    return Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True,
                      "queue.buffering.max.messages": 1_000_000})
 
 
@@ -121,11 +124,15 @@ def _send(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
             producer.poll(0.01)
 
 
-def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float) -> dict[str, float]:
+def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float,
+                 linger_ms: int = LINGER_MS) -> dict[str, float]:
     """Offer ``plan``'s events at ``rate`` events/s (paced every 5 ms); each tick's events carry that tick's
     wall time as sent_at. Returns what was achieved, and the CPU seconds this process spent meanwhile (the
-    producer and whatever else runs in it, e.g. a poller thread)."""
-    producer = _producer(bootstrap)
+    producer and whatever else runs in it, e.g. a poller thread). A longer ``linger_ms`` sends fewer, larger
+    produce requests: less CPU for this process and the broker (45 000/s for 30 s, no consumer, 5 -> 50 ms:
+    this process 0.10 -> 0.09 cores, the broker 0.20 -> 0.12), and a record waits up to that long in the
+    producer, which the latencies measured from ``sent_at`` include."""
+    producer = _producer(bootstrap, linger_ms)
     keys, heads, n = plan.keys, plan.heads, len(plan)
     cpu0 = time.process_time()
     start = time.monotonic()
