@@ -32,12 +32,10 @@ public final class TaskConf {
   @SuppressWarnings("unchecked")
   private static ThreadLocal<SQLConf> existingConfSlot() {
     try {
-      Method slot = SQLConf.class.getClassLoader().loadClass("org.apache.spark.sql.internal.SQLConf$")
-          .getDeclaredMethod("existingConf");
+      Class<?> module = Class.forName("org.apache.spark.sql.internal.SQLConf$", true, SQLConf.class.getClassLoader());
+      Method slot = module.getDeclaredMethod("existingConf");
       slot.setAccessible(true);
-      Object module = SQLConf.class.getClassLoader().loadClass("org.apache.spark.sql.internal.SQLConf$")
-          .getField("MODULE$").get(null);
-      return (ThreadLocal<SQLConf>) slot.invoke(module);
+      return (ThreadLocal<SQLConf>) slot.invoke(module.getField("MODULE$").get(null));
     } catch (ReflectiveOperationException | RuntimeException e) {
       return null;
     }
@@ -87,7 +85,7 @@ public final class TaskConf {
     TaskContext task = TaskContext.get();
     String before = SLOT == null || SLOT.get() == null ? "clean" : PINNED_FOR.get() == task ? "pinned" : "stale";
     pin();
-    boolean after = SLOT != null && task != null && PINNED_FOR.get() == task && SQLConf.get() == SLOT.get();
+    boolean after = task != null && PINNED_FOR.get() == task && SQLConf.get() == SLOT.get(); // set only with a SLOT
     return before + "|" + (after ? "pinned" : "not") + "|" + SQLConf.get().sessionLocalTimeZone();
   }
 }
