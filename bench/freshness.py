@@ -51,11 +51,11 @@ POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long 
 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,
-                  window: str | None) -> Path:
+                  window: str | None, max_offsets: int | None = None) -> Path:
     # sent_at in epoch milliseconds too: its DateTime column (a timestamp field's default; ClickHouse 18.16
     # has no DateTime64) holds whole seconds, which made every latency read up to a second long
     return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
-                              seq_field=True, spark_conf=spark_conf, window=window,
+                              max_offsets=max_offsets, seq_field=True, spark_conf=spark_conf, window=window,
                               extra_columns=[{"name": "sent_ms", "expression": "unix_millis(sent_at)",
                                               "type": "Int64"}],
                               # sorted by seq, so that the poller's "seq > n" reads the newest rows only: sorted
@@ -204,12 +204,13 @@ def _jcmd(root: int | None, *command: str) -> None:
 def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, seconds: float, trigger: str,
             warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
             window: str | None = None, jfr: Path | None = None, settle: float = 0.0,
-            code: Path | None = None, poll: float = POLL_S, linger_ms: int = LINGER_MS) -> dict[str, Any]:
+            code: Path | None = None, poll: float = POLL_S, linger_ms: int = LINGER_MS,
+            max_offsets: int | None = None) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
-    path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window)
+    path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets)
     # with --jfr, deep stacks, so that samples keep their Spark operator
     env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else {}
     if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
@@ -273,7 +274,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
               + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
         return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "settle": settle,
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
-                "max_rows": max_rows, "window": window,  # None: the example's
+                "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases,
@@ -289,6 +290,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
     p.add_argument("--max-rows", type=int, default=100_000, help="batching.maxRows (rows per ClickHouse INSERT)")
+    p.add_argument("--max-offsets", type=int, help="kafka.maxOffsetsPerTrigger (records per micro-batch; default: "
+                   "derived from the driver's heap, as a pipeline without the field)")
     p.add_argument("--window", help="deduplication.window (default: the example's 5m); the peer's load test: 8h")
     p.add_argument("--warmup", type=float, default=20, help="seconds of a warm-up stream before measuring")
     p.add_argument("--warmup-rate", type=float, default=50,
@@ -318,7 +321,7 @@ def main() -> None:
         for rate in (float(r) for r in args.rates.split(",")):
             res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup,
                           args.warmup_rate or rate, spark_conf, args.max_rows, args.window, args.jfr, args.settle,
-                          args.code.resolve() if args.code else None, args.poll, args.linger_ms)
+                          args.code.resolve() if args.code else None, args.poll, args.linger_ms, args.max_offsets)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")
