@@ -37,6 +37,12 @@ def series_name(r: dict[str, Any]) -> str:
     return f"{r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window, {warm}"
 
 
+def fell_behind(r: dict[str, Any]) -> bool:
+    """Latency rising through the measured window (the last fifth's median over twice the first's, and a second
+    more): the run did not sustain its rate, even where all its events landed soon after the producer stopped."""
+    return bool(r["last_fifth"] > 2 * r["first_fifth"] + 1.0)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("files", type=Path, nargs="+")
@@ -67,6 +73,10 @@ def main() -> int:
         rs.sort(key=lambda r: r["offered"])
         ax.plot([r["offered"] for r in rs], [delivered_rate(r) for r in rs], "o-", label=name)
         top = max(top, *(r["offered"] for r in rs))
+    behind = [r for rs in series.values() for r in rs if fell_behind(r)]
+    if behind:
+        ax.plot([r["offered"] for r in behind], [delivered_rate(r) for r in behind], "rx", markersize=10,
+                label="latency rising through the run: not sustained")
     ax.plot([0, top], [0, top], "k:", label="offered = delivered")
     ax.axhline(50_000, color="grey", linestyle="--", linewidth=0.8, label="target: 50,000 ev/s sustained")
     ax.set_xlabel("offered events/s")
