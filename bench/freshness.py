@@ -210,7 +210,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
-    path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets)
+    path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets)
     # with --jfr, deep stacks, so that samples keep their Spark operator
     env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else {}
     if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
@@ -319,9 +319,10 @@ def main() -> None:
     with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):
         for rate in (float(r) for r in args.rates.split(",")):
-            res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup,
-                          args.warmup_rate or rate, spark_conf, args.max_rows, args.window, args.jfr, args.settle,
-                          args.code.resolve() if args.code else None, args.poll, args.linger_ms, args.max_offsets)
+            res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup, args.warmup_rate or rate,
+                          spark_conf, max_rows=args.max_rows, window=args.window, jfr=args.jfr, settle=args.settle,
+                          code=args.code.resolve() if args.code else None, poll=args.poll,
+                          linger_ms=args.linger_ms, max_offsets=args.max_offsets)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")
