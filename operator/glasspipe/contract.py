@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from glasspipe.api import models
+from glasspipe.api.durations import parse_duration_ms
 
 # The Spark image of a pipeline that does not name one (spec.spark.image): the operator's --spark-image,
 # chart value spark.image. Not a CRD default, so that the operator's setting reaches new pipelines.
@@ -196,10 +197,33 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
 }
 
 
+# Spark's RocksDB store flushes its memtable and makes a local checkpoint every minDeltasForSnapshot batches
+# (Spark's default 10), inside the batch's commit; its maintenance thread uploads only the newest of them, once
+# every maintenanceInterval (Spark's default 60 s), and drops the rest. So the job snapshots about as often as
+# one is uploaded: at a 250 ms trigger, 10 batches flushed every 2.5 s into small files that RocksDB then
+# compacted, 0.13 of the 2 cores at 10 000/s (docs/benchmarks.md). A restart replays the changelogs since the
+# last uploaded snapshot, as before, and at most one maintenance interval more of them.
+SNAPSHOT_BATCHES_CONF = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
+SPARK_DEFAULT_SNAPSHOT_BATCHES = 10
+STATE_MAINTENANCE_INTERVAL_MS = 60_000
+
+
+def batches_per_snapshot(max_delay: str) -> int:
+    """State-store batches between two snapshots: a maintenance interval of ``max_delay`` triggers, at least
+    Spark's default."""
+    interval_ms = max(parse_duration_ms(max_delay), 1)
+    return max(SPARK_DEFAULT_SNAPSHOT_BATCHES, -(-STATE_MAINTENANCE_INTERVAL_MS // interval_ms))
+
+
 def spark_conf(spec: models.GlassPipelineSpec, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The job's Spark settings, sorted: shuffle partitions, REQUIRED_SPARK_CONF and ``extra``; the user's
-    ``spec.spark.conf`` wins over all of them."""
-    conf = {"spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions), **REQUIRED_SPARK_CONF, **(extra or {})}
+    """The job's Spark settings, sorted: shuffle partitions, the snapshot interval, REQUIRED_SPARK_CONF and
+    ``extra``; the user's ``spec.spark.conf`` wins over all of them."""
+    conf = {
+        "spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
+        SNAPSHOT_BATCHES_CONF: str(batches_per_snapshot(spec.sink.clickhouse.batching.max_delay)),
+        **REQUIRED_SPARK_CONF,
+        **(extra or {}),
+    }
     conf.update(spec.spark.conf)
     return dict(sorted(conf.items()))
 

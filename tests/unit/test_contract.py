@@ -179,3 +179,13 @@ def test_the_job_config_json_is_byte_stable() -> None:
     one = contract.job_config_json(contract.write_job_config("ns", "p", spec, 0))
     assert one == contract.job_config_json(contract.write_job_config("ns", "p", spec.model_copy(deep=True), 0))
     assert one.startswith('{"namespace":"ns","pipeline":"p","replica":0,"replicas":1,"spec":{')
+
+
+@pytest.mark.parametrize(("max_delay", "batches"), [("250ms", 240), ("1s", 60), ("5s", 12), ("7s", 10), ("1m", 10)])
+def test_the_state_store_snapshots_about_once_a_maintenance_interval(max_delay: str, batches: int) -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
+    doc["spec"]["sink"]["clickhouse"]["batching"] = {"maxDelay": max_delay}
+    conf = contract.spark_conf(validate_resource(doc)[0])
+    assert conf[contract.SNAPSHOT_BATCHES_CONF] == str(batches)
+    doc["spec"]["spark"] = {"conf": {contract.SNAPSHOT_BATCHES_CONF: "25"}}
+    assert contract.spark_conf(validate_resource(doc)[0])[contract.SNAPSHOT_BATCHES_CONF] == "25"  # the user's
