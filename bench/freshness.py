@@ -159,7 +159,7 @@ def percentile(values: list[float], q: float) -> float:
 PROGRESS = re.compile(r"progress of batch (\d+): (\d+) input rows, durations ms (\{.*\})")
 
 
-def _progress(log: Path) -> list[tuple[int, int, dict[str, float]]]:
+def batch_progress(log: Path) -> list[tuple[int, int, dict[str, float]]]:
     out = []
     for line in log.read_text(errors="replace").splitlines():
         if m := PROGRESS.search(line):
@@ -168,12 +168,12 @@ def _progress(log: Path) -> list[tuple[int, int, dict[str, float]]]:
 
 
 def last_batch(log: Path) -> int:
-    return max((b for b, _, _ in _progress(log)), default=-1)
+    return max((b for b, _, _ in batch_progress(log)), default=-1)
 
 
 def batch_phases(log: Path, first: int) -> dict[str, float]:
     """Median per phase (Spark's durationMs) of the batches from ``first`` on that read records."""
-    rows = [d for b, n, d in _progress(log) if b >= first and n > 0]
+    rows = [d for b, n, d in batch_progress(log) if b >= first and n > 0]
     keys = sorted({k for d in rows for k in d})
     out: dict[str, float] = {k: statistics.median(float(d.get(k, 0)) for d in rows) for k in keys}
     out["batches"] = len(rows)
