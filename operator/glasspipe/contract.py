@@ -198,21 +198,34 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
 
 
 # Spark's RocksDB store flushes its memtable and makes a local checkpoint every minDeltasForSnapshot batches
-# (Spark's default 10), inside the batch's commit; its maintenance thread uploads only the newest of them, once
-# every maintenanceInterval (Spark's default 60 s), and drops the rest. So the job snapshots about as often as
-# one is uploaded: at a 250 ms trigger, 10 batches flushed every 2.5 s into small files that RocksDB then
-# compacted, 0.13 of the 2 cores at 10 000/s (docs/benchmarks.md). A restart replays the changelogs since the
-# last uploaded snapshot, as before, and at most one maintenance interval more of them.
+# (Spark's default 10), inside the batch's commit; its maintenance thread uploads only the newest of them once a
+# maintenanceInterval (Spark's default 60 s) and drops the rest. So the job snapshots about once an interval: at
+# a 250 ms trigger Spark's 10 meant a flush every 2.5 s, and compacting the small files took 0.13 of the 2 cores
+# at 10 000/s, 0.02 with a minute's (docs/benchmarks.md). A restart replays the changelogs after the newest
+# uploaded snapshot: up to one interval more of them.
 SNAPSHOT_BATCHES_CONF = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
+MAINTENANCE_INTERVAL_CONF = "spark.sql.streaming.stateStore.maintenanceInterval"
 SPARK_DEFAULT_SNAPSHOT_BATCHES = 10
-STATE_MAINTENANCE_INTERVAL_MS = 60_000
+SPARK_DEFAULT_MAINTENANCE_INTERVAL_MS = 60_000
 
 
-def batches_per_snapshot(max_delay: str) -> int:
+def maintenance_interval_ms(conf: Mapping[str, str]) -> int:
+    """The state stores' maintenance interval in ``conf`` (a user's spec.spark.conf): milliseconds, or a
+    duration as glasspipe writes them (``30s``, ``2m``); Spark's default for anything else."""
+    text = conf.get(MAINTENANCE_INTERVAL_CONF, "").strip()
+    if text.isdigit():  # Spark reads a bare number as milliseconds
+        return int(text)
+    try:
+        return parse_duration_ms(text)
+    except ValueError:
+        return SPARK_DEFAULT_MAINTENANCE_INTERVAL_MS
+
+
+def batches_per_snapshot(max_delay: str, maintenance_ms: int = SPARK_DEFAULT_MAINTENANCE_INTERVAL_MS) -> int:
     """State-store batches between two snapshots: a maintenance interval of ``max_delay`` triggers, at least
     Spark's default."""
     interval_ms = max(parse_duration_ms(max_delay), 1)
-    return max(SPARK_DEFAULT_SNAPSHOT_BATCHES, -(-STATE_MAINTENANCE_INTERVAL_MS // interval_ms))
+    return max(SPARK_DEFAULT_SNAPSHOT_BATCHES, -(-maintenance_ms // interval_ms))
 
 
 def spark_conf(spec: models.GlassPipelineSpec, extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -220,7 +233,8 @@ def spark_conf(spec: models.GlassPipelineSpec, extra: Mapping[str, str] | None =
     ``extra``; the user's ``spec.spark.conf`` wins over all of them."""
     conf = {
         "spark.sql.shuffle.partitions": str(spec.spark.shuffle_partitions),
-        SNAPSHOT_BATCHES_CONF: str(batches_per_snapshot(spec.sink.clickhouse.batching.max_delay)),
+        SNAPSHOT_BATCHES_CONF: str(batches_per_snapshot(spec.sink.clickhouse.batching.max_delay,
+                                                         maintenance_interval_ms(spec.spark.conf))),
         **REQUIRED_SPARK_CONF,
         **(extra or {}),
     }

@@ -189,3 +189,12 @@ def test_the_state_store_snapshots_about_once_a_maintenance_interval(max_delay: 
     assert conf[contract.SNAPSHOT_BATCHES_CONF] == str(batches)
     doc["spec"]["spark"] = {"conf": {contract.SNAPSHOT_BATCHES_CONF: "25"}}
     assert contract.spark_conf(validate_resource(doc)[0])[contract.SNAPSHOT_BATCHES_CONF] == "25"  # the user's
+
+
+@pytest.mark.parametrize(("interval", "batches"), [("120000", 120), ("2m", 120), ("10s", 10), ("2min", 60)])
+def test_the_snapshot_interval_follows_a_maintenance_interval_the_user_sets(interval: str, batches: int) -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
+    doc["spec"]["sink"]["clickhouse"]["batching"] = {"maxDelay": "1s"}
+    doc["spec"]["spark"] = {"conf": {contract.MAINTENANCE_INTERVAL_CONF: interval}}
+    conf = contract.spark_conf(validate_resource(doc)[0])
+    assert conf[contract.SNAPSHOT_BATCHES_CONF] == str(batches)  # 2min: a form glasspipe does not read, Spark's 60 s
