@@ -46,6 +46,7 @@ from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
 from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
+from glasspipe_dev.process import ServerProcess
 
 POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long (50 ms on average)
 
@@ -167,6 +168,13 @@ def batch_progress(log: Path) -> list[tuple[int, int, dict[str, float]]]:
     return out
 
 
+def wait_for_rows(poller: Poller, rows: int, job: ServerProcess, timeout: float) -> None:
+    """Until the poller has seen ``rows`` first occurrences, the job has died or ``timeout`` seconds passed."""
+    deadline = time.monotonic() + timeout
+    while poller.rows < rows and time.monotonic() < deadline and job.alive():
+        time.sleep(0.2)
+
+
 def last_batch(log: Path) -> int:
     return max((b for b, _, _ in batch_progress(log)), default=-1)
 
@@ -242,9 +250,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         cpu = {**win.trees, "bench (producer, poller)": got["cpu"]}
         by_thread = win.threads
         produced_at = time.monotonic()
-        deadline = time.monotonic() + 120
-        while poller.rows < workload.firsts and time.monotonic() < deadline and job.alive():
-            time.sleep(0.2)
+        wait_for_rows(poller, workload.firsts, job, 120)
         drained = time.monotonic() - produced_at
         poller.stop.set()
         poller.join()

@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness import Poller, batch_progress, check_exact, last_batch, pipeline_file
+from freshness import Poller, batch_progress, check_exact, last_batch, pipeline_file, wait_for_rows
 from workload import Workload, produce_plan
 
 from glasspipe_dev.clickhouse import ClickHouseServer
@@ -89,9 +89,7 @@ def main() -> None:
         poller = Poller(ch, table)
         poller.start()
         produce_plan(bootstrap, topic, workload.plan(int(args.rate * args.seconds), args.rate), args.rate)
-        deadline = time.monotonic() + 120
-        while poller.rows < workload.firsts and time.monotonic() < deadline and job.alive():
-            time.sleep(0.2)
+        wait_for_rows(poller, workload.firsts, job, 120)
         wait_idle(tmp / "before.log")
         batches = last_batch(tmp / "before.log") + 1
         job.kill()

@@ -181,20 +181,21 @@ def test_the_job_config_json_is_byte_stable() -> None:
     assert one.startswith('{"namespace":"ns","pipeline":"p","replica":0,"replicas":1,"spec":{')
 
 
-@pytest.mark.parametrize(("max_delay", "batches"), [("250ms", 240), ("1s", 60), ("5s", 12), ("7s", 10), ("1m", 10)])
-def test_the_state_store_snapshots_about_once_a_maintenance_interval(max_delay: str, batches: int) -> None:
+def snapshot_batches(max_delay: str, spark_conf: dict[str, str]) -> str:
+    """The snapshot interval the job gets for sms-dedup with this micro-batch interval and spec.spark.conf."""
     doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
     doc["spec"]["sink"]["clickhouse"]["batching"] = {"maxDelay": max_delay}
-    conf = contract.spark_conf(validate_resource(doc)[0])
-    assert conf[contract.SNAPSHOT_BATCHES_CONF] == str(batches)
-    doc["spec"]["spark"] = {"conf": {contract.SNAPSHOT_BATCHES_CONF: "25"}}
-    assert contract.spark_conf(validate_resource(doc)[0])[contract.SNAPSHOT_BATCHES_CONF] == "25"  # the user's
+    doc["spec"]["spark"] = {"conf": spark_conf}
+    return contract.spark_conf(validate_resource(doc)[0])[contract.SNAPSHOT_BATCHES_CONF]
+
+
+@pytest.mark.parametrize(("max_delay", "batches"), [("250ms", 240), ("1s", 60), ("5s", 12), ("7s", 10), ("1m", 10)])
+def test_the_state_store_snapshots_about_once_a_maintenance_interval(max_delay: str, batches: int) -> None:
+    assert snapshot_batches(max_delay, {}) == str(batches)
+    assert snapshot_batches(max_delay, {contract.SNAPSHOT_BATCHES_CONF: "25"}) == "25"  # the user's
 
 
 @pytest.mark.parametrize(("interval", "batches"), [("120000", 120), ("2m", 120), ("10s", 10), ("2min", 60)])
 def test_the_snapshot_interval_follows_a_maintenance_interval_the_user_sets(interval: str, batches: int) -> None:
-    doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
-    doc["spec"]["sink"]["clickhouse"]["batching"] = {"maxDelay": "1s"}
-    doc["spec"]["spark"] = {"conf": {contract.MAINTENANCE_INTERVAL_CONF: interval}}
-    conf = contract.spark_conf(validate_resource(doc)[0])
-    assert conf[contract.SNAPSHOT_BATCHES_CONF] == str(batches)  # 2min: a form glasspipe does not read, Spark's 60 s
+    # 2min: a form glasspipe does not read, so Spark's 60 s
+    assert snapshot_batches("1s", {contract.MAINTENANCE_INTERVAL_CONF: interval}) == str(batches)
