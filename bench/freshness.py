@@ -213,7 +213,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
             window: str | None = None, jfr: Path | None = None, settle: float = 0.0,
             code: Path | None = None, poll: float = POLL_S, linger_ms: int = LINGER_MS,
-            max_offsets: int | None = None) -> dict[str, Any]:
+            max_offsets: int | None = None, scattered_keys: bool = False) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
@@ -226,7 +226,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
                            tmp / f"{table}.log", env=env or None)
     try:
-        workload = Workload(seed=int(rate))
+        workload = Workload(seed=int(rate), scattered_keys=scattered_keys)
         # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
         produce_plan(kafka.bootstrap, topic, workload.plan(int(warmup_rate * warmup), warmup_rate), warmup_rate)
         # made while the pipeline drains the warm-up; its first ``settle`` seconds are offered but not measured: the
@@ -258,7 +258,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts, window or "5m")
         phases = batch_phases(tmp / f"{table}.log", first_batch)
         print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
-              f"{got['repeats']:.0f} repeats; trigger {trigger}; producer linger {linger_ms} ms; "
+              f"{got['repeats']:.0f} repeats; {'scattered' if scattered_keys else 'ordered'} keys; "
+              f"trigger {trigger}; producer linger {linger_ms} ms; "
               f"the last {seconds:.0f} s measured): landed {len(lat)} rows; "
               f"latency (polled every {poll * 1000:.0f} ms) "
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
@@ -281,6 +282,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "settle": settle,
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
                 "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
+                "scattered_keys": scattered_keys,
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases,
@@ -320,6 +322,9 @@ def main() -> None:
     p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the pipeline's spec.spark.conf (e.g. spark.eventLog.enabled=true); "
                    "repeatable")
+    p.add_argument("--scattered-keys", action="store_true",
+                   help="keys scattered over the key space (16 hex digits, as random ids are) instead of made in "
+                   "order, each after the last: the state's RocksDB writes and reads lose their locality")
     args = p.parse_args()
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
@@ -328,7 +333,8 @@ def main() -> None:
             res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup, args.warmup_rate or rate,
                           spark_conf, max_rows=args.max_rows, window=args.window, jfr=args.jfr, settle=args.settle,
                           code=args.code.resolve() if args.code else None, poll=args.poll,
-                          linger_ms=args.linger_ms, max_offsets=args.max_offsets)
+                          linger_ms=args.linger_ms, max_offsets=args.max_offsets,
+                          scattered_keys=args.scattered_keys)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")

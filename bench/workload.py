@@ -58,6 +58,10 @@ class Workload:
     tail_share: float = 0.10  # share of repeats that come late, uniformly up to max_repeat_delay_s
     max_repeat_delay_s: float = 300.0
     seed: int = 7
+    # False: keys in the order they are made (s-7-000000001, s-7-000000002, ...), so each new key sorts after
+    # the last and RocksDB's state writes land at the end of its key space; True: the same count of distinct
+    # keys, scattered over it (a bijective hash of the number, 16 hex digits), as random ids would be
+    scattered_keys: bool = False
     rng: random.Random = field(init=False)
     firsts: int = field(default=0, init=False)
     pending: list[tuple[float, str]] = field(default_factory=list, init=False)  # (due, sms_id), a heap
@@ -78,7 +82,8 @@ class Workload:
             _, sms_id = heapq.heappop(self.pending)
             return sms_id.encode(), self._head(sms_id, -1, "repeat"), True
         self.firsts += 1
-        sms_id = f"s-{self.seed}-{self.firsts:09d}"
+        sms_id = (f"s-{self.seed}-{self.firsts * 0x9E3779B97F4A7C15 % 2**64:016x}" if self.scattered_keys
+                  else f"s-{self.seed}-{self.firsts:09d}")
         if self.rng.random() < self.dup_share / (1 - self.dup_share):
             late = self.rng.random() < self.tail_share
             delay = (self.rng.uniform(0, self.max_repeat_delay_s) if late
