@@ -1,0 +1,200 @@
+import java.io.File;
+import java.lang.management.ManagementFactory;
+import java.lang.management.ThreadMXBean;
+import java.nio.ByteBuffer;
+import java.nio.file.Files;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.TreeMap;
+
+import org.rocksdb.BlockBasedTableConfig;
+import org.rocksdb.BloomFilter;
+import org.rocksdb.CompactionStyle;
+import org.rocksdb.CompressionType;
+import org.rocksdb.FlushOptions;
+import org.rocksdb.LRUCache;
+import org.rocksdb.Options;
+import org.rocksdb.ReadOptions;
+import org.rocksdb.RocksDB;
+import org.rocksdb.RocksIterator;
+import org.rocksdb.Statistics;
+import org.rocksdb.TickerType;
+import org.rocksdb.WriteOptions;
+
+/**
+ * The dedup operator's RocksDB traffic without Spark, to screen RocksDB settings in a minute instead of a
+ * five-minute pipeline run (run it with bench/rocksdb_state_sim.py). One RocksDB as Spark's state store opens
+ * it (4 KB blocks, an 8 MB block cache, a Bloom filter, lz4, no WAL), three virtual column families in one key
+ * space (a 2-byte id before each key, as Spark's transformWithState stores them): the value state, the timers by
+ * key, the timers by time. Each simulated second: the timers below the watermark are read from the start of
+ * the by-time index and deleted with their key's value (three deletes), then {@code rate} new keys each get
+ * a read of the value (a miss), one value put and two timer puts, and a tenth of them a read of a recent key (a
+ * repeat); a flush every {@code snapshot} seconds (Spark's snapshot). Keys are made in order, each after the
+ * last, as bench/workload.py makes them. It prints the CPU of the loop's thread and of RocksDB's background
+ * threads (flushes: rocksdb:high, compactions: rocksdb:low). Spark's own per-row work is not in it: a setting
+ * that moves RocksDB's cost between the two must still be measured on the pipeline (bench/freshness.py).
+ *
+ * <p>Arguments, key=value: rate, window (s), seconds, snapshot (s), trigger (level0 files that start a
+ * compaction), wb (memtable MB), universal, dynamic=false, none (no compression), timeronly (no value state:
+ * the timers by key are seeked for each new key instead).
+ */
+public final class RocksDBStateSim {
+  private static final short VALUE = 1;
+  private static final short TIMER_BY_KEY = 2;
+  private static final short TIMER_BY_TIME = 3;
+
+  private RocksDBStateSim() {}
+
+  /** A column family's key: id, then the grouping key as an UnsafeRow of one string, the timestamp before or after. */
+  static byte[] key(short cf, String id, long ts, boolean tsFirst, boolean withTs) {
+    byte[] k = id.getBytes();
+    int rowLen = 16 + ((k.length + 7) / 8) * 8;
+    ByteBuffer b = ByteBuffer.allocate(2 + rowLen + (withTs ? 8 : 0));
+    b.putShort(cf);
+    if (withTs && tsFirst) {
+      b.putLong(ts ^ Long.MIN_VALUE);
+    }
+    b.putLong(0L).putLong(((long) 16 << 32) | k.length).put(k);
+    b.position(2 + (withTs && tsFirst ? 8 : 0) + rowLen);
+    if (withTs && !tsFirst) {
+      b.putLong(ts ^ Long.MIN_VALUE);
+    }
+    return b.array();
+  }
+
+  static String id(long n) {
+    String d = Long.toString(n);
+    return "s-40000-" + "000000000".substring(d.length()) + d;
+  }
+
+  private static long[] threadCpuMs(TreeMap<String, Long> byName) throws Exception {
+    long all = 0;
+    long rocks = 0;
+    for (File d : new File("/proc/self/task").listFiles()) {
+      String comm = new String(Files.readAllBytes(new File(d, "comm").toPath())).trim();
+      String[] f = new String(Files.readAllBytes(new File(d, "stat").toPath())).split("\\) ")[1].split(" ");
+      long ms = (Long.parseLong(f[11]) + Long.parseLong(f[12])) * 10L;
+      all += ms;
+      if (comm.startsWith("rocksdb")) {
+        rocks += ms;
+        byName.merge(comm, ms, Long::sum);
+      }
+    }
+    return new long[] {all, rocks};
+  }
+
+  public static void main(String[] args) throws Exception {
+    RocksDB.loadLibrary();
+    int rate = 36_000;
+    int windowS = 60;
+    int seconds = 180;
+    int snapshotS = 60;
+    int trigger = 4;
+    long wbMB = 0;
+    boolean universal = false;
+    boolean dynamic = true;
+    boolean timerOnly = false;
+    CompressionType compression = CompressionType.LZ4_COMPRESSION;
+    for (String arg : args) {
+      String[] kv = arg.split("=", 2);
+      switch (kv[0]) {
+        case "rate": rate = Integer.parseInt(kv[1]); break;
+        case "window": windowS = Integer.parseInt(kv[1]); break;
+        case "seconds": seconds = Integer.parseInt(kv[1]); break;
+        case "snapshot": snapshotS = Integer.parseInt(kv[1]); break;
+        case "trigger": trigger = Integer.parseInt(kv[1]); break;
+        case "wb": wbMB = Long.parseLong(kv[1]); break;
+        case "universal": universal = true; break;
+        case "dynamic": dynamic = Boolean.parseBoolean(kv[1]); break;
+        case "none": compression = CompressionType.NO_COMPRESSION; break;
+        case "timeronly": timerOnly = true; break;
+        default: throw new IllegalArgumentException("unknown argument " + arg);
+      }
+    }
+    File dir = Files.createTempDirectory("rocksdb-state-sim").toFile();
+    BlockBasedTableConfig table = new BlockBasedTableConfig();
+    table.setBlockSize(4096);
+    table.setBlockCache(new LRUCache(8L << 20));
+    table.setFilterPolicy(new BloomFilter());
+    table.setFormatVersion(5);
+    Options options = new Options().setCreateIfMissing(true).setTableFormatConfig(table)
+        .setCompressionType(compression).setStatistics(new Statistics())
+        .setLevel0FileNumCompactionTrigger(trigger).setLevelCompactionDynamicLevelBytes(dynamic);
+    if (wbMB > 0) {
+      options.setWriteBufferSize(wbMB << 20);
+    }
+    if (universal) {
+      options.setCompactionStyle(CompactionStyle.UNIVERSAL);
+    }
+    WriteOptions write = new WriteOptions().setDisableWAL(true);
+    ReadOptions read = new ReadOptions();
+    FlushOptions flush = new FlushOptions().setWaitForFlush(true);
+    byte[] value = new byte[24];
+    byte[] empty = new byte[0];
+    ThreadMXBean bean = ManagementFactory.getThreadMXBean();
+    long made = 0;
+    long expired = 0;
+    long loopNs = 0;
+    long expiryNs = 0;
+    long startWall = System.nanoTime();
+    try (RocksDB db = RocksDB.open(options, dir.getPath())) {
+      for (int sec = 0; sec < seconds; sec++) {
+        long t0 = bean.getCurrentThreadCpuTime();
+        long now = sec * 1000L;
+        long watermark = now; // the timers set a window ago are due
+        List<byte[]> due = new ArrayList<>();
+        try (RocksIterator it = db.newIterator()) {
+          for (it.seek(new byte[] {0, (byte) TIMER_BY_TIME}); it.isValid(); it.next()) {
+            byte[] k = it.key();
+            if (k[0] != 0 || k[1] != TIMER_BY_TIME
+                || (ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE) >= watermark) {
+              break;
+            }
+            due.add(k);
+          }
+        }
+        for (byte[] k : due) {
+          long ts = ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE;
+          String id = id(expired++);
+          db.delete(write, k);
+          db.delete(write, key(TIMER_BY_KEY, id, ts, false, true));
+          if (!timerOnly) {
+            db.delete(write, key(VALUE, id, 0, false, false));
+          }
+        }
+        expiryNs += bean.getCurrentThreadCpuTime() - t0;
+        for (int i = 0; i < rate; i++) {
+          String id = id(made++);
+          long ts = now + windowS * 1000L;
+          if (timerOnly) {
+            try (RocksIterator it = db.newIterator()) {
+              it.seek(key(TIMER_BY_KEY, id, 0, false, false));
+              it.isValid();
+            }
+          } else {
+            db.get(read, key(VALUE, id, 0, false, false));
+            db.put(write, key(VALUE, id, 0, false, false), value);
+          }
+          db.put(write, key(TIMER_BY_KEY, id, ts, false, true), empty);
+          db.put(write, key(TIMER_BY_TIME, id, ts, true, true), empty);
+          if (i % 9 == 0 && made > 10 && !timerOnly) {
+            db.get(read, key(VALUE, id(made - 5), 0, false, false));
+          }
+        }
+        if ((sec + 1) % snapshotS == 0) {
+          db.flush(flush);
+        }
+        loopNs += bean.getCurrentThreadCpuTime() - t0;
+      }
+      TreeMap<String, Long> byName = new TreeMap<>();
+      long[] cpu = threadCpuMs(byName);
+      Statistics st = options.statistics();
+      System.out.printf("%s: %d keys made, %d expired in %.1f s; CPU s: the loop %.1f (expiry %.1f), RocksDB's "
+          + "background %.1f %s, the process %.1f; compactions read %d MB and wrote %d MB%n",
+          String.join(" ", args), made, expired, (System.nanoTime() - startWall) / 1e9, loopNs / 1e9,
+          expiryNs / 1e9, cpu[1] / 1e3, byName, cpu[0] / 1e3,
+          st.getTickerCount(TickerType.COMPACT_READ_BYTES) >> 20,
+          st.getTickerCount(TickerType.COMPACT_WRITE_BYTES) >> 20);
+    }
+  }
+}
