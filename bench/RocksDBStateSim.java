@@ -28,8 +28,8 @@ import org.rocksdb.WriteOptions;
  * space (a 2-byte id before each key, as Spark's transformWithState stores them): the value state, the timers by
  * key, the timers by time. Each simulated second: the timers below the watermark are read from the start of
  * the by-time index and deleted with their key's value (three deletes), then {@code rate} new keys each get
- * a read of the value (a miss), one value put and two timer puts, and a tenth of them a read of a recent key (a
- * repeat); a flush every {@code snapshot} seconds (Spark's snapshot). Keys are made in order, each after the
+ * a read of the value (a miss), one value put and two timer puts, and one in nine of them a read of a recent
+ * key (the repeats, a tenth of all events); a flush every {@code snapshot} seconds (Spark's snapshot). Keys are made in order, each after the
  * last, as bench/workload.py makes them. It prints the CPU of the loop's thread and of RocksDB's background
  * threads (flushes: rocksdb:high, compactions: rocksdb:low). Spark's own per-row work is not in it: a setting
  * that moves RocksDB's cost between the two must still be measured on the pipeline (bench/freshness.py).
