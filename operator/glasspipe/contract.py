@@ -194,6 +194,10 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
     # Spark's default plus the Kafka options that carry credentials (the SASL JAAS config holds the password,
     # ssl.keystore.key the mTLS private key): redacted wherever Spark prints options or its configuration.
     "spark.redaction.regex": SPARK_REDACTION_REGEX,
+    # Spark 4.2 asks this for every field of every row it encodes (its types framework), and unset, its default
+    # reads an environment variable each time (SPARK_TESTING): ~1 % of the dedup stage's task samples. False is
+    # what that default gives outside Spark's own tests; set, it is a map lookup.
+    "spark.sql.types.framework.enabled": "false",
 }
 
 

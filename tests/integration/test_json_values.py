@@ -47,6 +47,22 @@ VALUES: list[bytes | None] = [
     b'{"id":"u","u":[1]}',                              # an array for a struct
     b'{"id":"v\\u00e9\\n","n":-0}',                     # escapes
 ]
+# Event times: the shape io.glasspipe.spark.IsoTimestamps reads itself, its edges, and what it leaves to Spark.
+TIMESTAMPS = [
+    # read here (the first seven)
+    "2026-11-26T07:30:00.1+05:30", "2026-11-26 07:30:00.12345-08:00", "1969-12-31T23:59:59.999999Z",
+    "0001-01-03T00:00:00Z", "9999-12-30T23:59:59.999999-17:59", "2024-02-29T12:00:00+00:00",
+    "2026-11-26T07:30:00-00:00",
+    # left to Spark
+    "2026-11-26T07:30:00.1234567Z", "2026-11-26T07:30:00", "2026-11-26T07:30:00z", "2026-11-26T07:30:00+0530",
+    "2026-11-26T07:30:00+05:75", "2026-11-26T07:30:00+18:30", "2023-02-29T00:00:00Z", "2026-11-26T24:00:00Z",
+    "2026-11-26T07:30:60Z", "2026-11-26T07:30:00.Z", "2026-11-26T07:30Z", "+2026-11-26T07:30:00Z",
+    "2026-13-01T00:00:00Z", "2026-11-26T07:30:00 Z", "2026-11-26T07:30:00+05", "2026-1-26T07:30:00Z",
+    "2026-11-26T07:30:00.000000+05:30 ",
+]
+VALUES += [f'{{"id":"ts{i}","ts":"{t}"}}'.encode() for i, t in enumerate(TIMESTAMPS)]
+VALUES += [b'{"id":"tn","ts":1764142200}', b'{"id":"tb","ts":true}', b'{"id":"to","ts":{"a":1}}',
+           b'{"id":"te","ts":""}']
 
 
 def test_every_value_parses_as_from_json_parses_it(spark: Any) -> None:
@@ -74,6 +90,9 @@ def test_every_value_parses_as_from_json_parses_it(spark: Any) -> None:
                 for o, _ in got.values()}
     assert outcomes == {"parsed", "corrupt", "null"}
     assert got[0][0]["u"]["age"] == 3 and got[5][0]["u"]["name"] == "Zoë ☃ 𝄞"
+    # timestamps both read here and left to Spark: some parsed, some corrupt
+    ts_rows = [got[VALUES.index(v)][0] for v in VALUES if v is not None and v.startswith(b'{"id":"t')]
+    assert {r[CORRUPT] is None for r in ts_rows} == {True, False}
 
 
 def test_generated_code_and_interpreted_eval_agree(spark: Any) -> None:
@@ -113,3 +132,38 @@ def test_parse_and_check_runs_in_whole_stage_code_generation(spark: Any) -> None
     assert interpreted == [], plan
     rows = {r["_gp_offset"]: r for r in checked.collect()}
     assert rows[1]["_gp_status"] == "ok" and rows[2]["_gp_reason"] == "malformed_json: not a JSON object"
+
+
+def test_the_timestamp_shape_read_here_gives_sparks_values_and_leaves_the_rest_to_spark(spark: Any) -> None:
+    """IsoTimestamps reads the first seven TIMESTAMPS itself (the values Spark computes) and no other."""
+    from pyspark.sql import functions as F
+
+    jvm = spark.sparkContext._jvm
+    ours = [jvm.io.glasspipe.spark.IsoTimestamps.micros(jvm.org.apache.spark.unsafe.types.UTF8String.fromString(t))
+            for t in TIMESTAMPS]
+    not_read = jvm.io.glasspipe.spark.IsoTimestamps.NOT_THIS_SHAPE
+    df = spark.createDataFrame([(t,) for t in TIMESTAMPS[:7]], "t string")
+    theirs = [r[0] for r in df.select(F.unix_micros(F.col("t").cast("timestamp"))).collect()]
+    assert ours[:7] == theirs
+    assert ours[7:] == [not_read] * (len(TIMESTAMPS) - 7)
+
+
+def test_a_task_whose_timestamps_mostly_have_another_shape_still_parses_each_as_from_json(spark: Any) -> None:
+    """Past 64 timestamps IsoTimestamps cannot read, a task reads them as Spark does from the start; records of
+    both shapes, and corrupt ones, in one partition, before and after that point."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    schema = T._parse_datatype_string(SCHEMA)
+    values = []
+    for i in range(300):
+        ts = f"2026-11-26T07:{i // 60:02d}:{i % 60:02d}" + ("+01:00" if i % 7 == 0 else "")  # mostly no offset
+        values.append(f'{{"id":"{i}","n":{i},"ts":"{ts}"}}'.encode() if i % 50 else b'{"id":"x","n":"NaN?"}')
+    df = spark.createDataFrame(list(enumerate(values)), "i int, value binary").coalesce(1)
+    ours = parse_json_values(df, "value", "ours", schema, CORRUPT)
+    both = ours.withColumn("theirs", F.from_json(F.col("value").cast("string"), schema,
+                                                 {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
+    got = both.collect()
+    assert len(got) == 300
+    assert [r["i"] for r in got if repr(r["ours"]) != repr(r["theirs"])] == []
+    assert sum(r["ours"][CORRUPT] is not None for r in got) == 6

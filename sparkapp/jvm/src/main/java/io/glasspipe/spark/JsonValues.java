@@ -1,6 +1,7 @@
 package io.glasspipe.spark;
 
 import java.io.Serializable;
+import java.util.ArrayList;
 import java.util.List;
 
 import com.fasterxml.jackson.core.JsonFactory;
@@ -22,6 +23,7 @@ import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
+import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 import scala.Option;
@@ -41,6 +43,10 @@ import scala.jdk.javaapi.CollectionConverters;
  * or bytes Jackson would read as another encoding: a byte-order mark, a NUL in the first four) is parsed
  * again the way {@code from_json} parses it, so the result, corrupt-record column included, is always
  * {@code from_json}'s.
+ *
+ * <p>Top-level timestamp fields are first read as strings and turned into timestamps by {@link IsoTimestamps}
+ * where they have its shape; a record with one that has not (or is no string) is read again with the
+ * timestamps as Spark reads them. A task whose timestamps mostly have another shape stops trying.
  */
 public final class JsonValues implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -50,8 +56,16 @@ public final class JsonValues implements Serializable {
   private final String timeZoneId;
   /** {@code from_json} itself (Spark's evaluator): the path for what the byte parser does not take. */
   private final JsonToStructsEvaluator fromJson;
+  /** The byte parser with the timestamps as Spark reads them. */
   private transient FailureSafeParser<byte[]> bytesParser;
+  /** The byte parser with the top-level timestamps read as strings (null without any). */
+  private transient FailureSafeParser<byte[]> isoParser;
   private transient int corruptIndex;
+  /** Indices of the top-level TIMESTAMP fields, which {@link #isoParser} reads as strings. */
+  private transient int[] timestampSlots;
+  /** Records whose timestamps {@link IsoTimestamps} read, and those it could not. */
+  private transient long isoRead;
+  private transient long isoMissed;
 
   private JsonValues(StructType schema, String corruptColumn, String timeZoneId) {
     this.schema = schema;
@@ -118,11 +132,40 @@ public final class JsonValues implements Serializable {
     if (bytesParser == null) {
       open();
     }
-    InternalRow row = readsAsUtf8(value) ? first(bytesParser.parse(value)) : null;
+    if (!readsAsUtf8(value)) {
+      return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
+    }
+    if (isoParser != null && (isoMissed < 64 || isoMissed <= isoRead)) {
+      InternalRow row = first(isoParser.parse(value));
+      if (row == null || !row.isNullAt(corruptIndex)) {
+        // corrupt with the timestamps as strings, so with them as timestamps too
+        return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
+      }
+      if (timestampsRead(row)) {
+        isoRead++;
+        return row;
+      }
+      isoMissed++;
+    }
+    InternalRow row = first(bytesParser.parse(value));
     if (row == null || !row.isNullAt(corruptIndex)) {
       return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
     }
     return row;
+  }
+
+  /** Replaces the timestamp fields' strings in {@code row} by their values; false if one has another shape. */
+  private boolean timestampsRead(InternalRow row) {
+    for (int slot : timestampSlots) {
+      if (!row.isNullAt(slot)) {
+        long micros = IsoTimestamps.micros(row.getUTF8String(slot));
+        if (micros == IsoTimestamps.NOT_THIS_SHAPE) {
+          return false;
+        }
+        row.update(slot, micros);
+      }
+    }
+    return true;
   }
 
   /** Jackson's byte parser guesses the encoding from a byte-order mark or NUL bytes at the start. */
@@ -144,8 +187,24 @@ public final class JsonValues implements Serializable {
 
   private void open() {
     JSONOptions parsedOptions = new JSONOptions(options(corruptColumn), timeZoneId, corruptColumn);
-    StructType fields = new StructType(java.util.Arrays.stream(schema.fields())
-        .filter(f -> !f.name().equals(corruptColumn)).toArray(org.apache.spark.sql.types.StructField[]::new));
+    StructField[] asStrings = schema.fields().clone();
+    List<Integer> slots = new ArrayList<>();
+    for (int i = 0; i < asStrings.length; i++) {
+      if (asStrings[i].dataType().equals(DataTypes.TimestampType)) {
+        asStrings[i] = new StructField(asStrings[i].name(), DataTypes.StringType, true, asStrings[i].metadata());
+        slots.add(i);
+      }
+    }
+    timestampSlots = slots.stream().mapToInt(Integer::intValue).toArray();
+    bytesParser = byteParser(schema, parsedOptions);
+    isoParser = slots.isEmpty() ? null : byteParser(new StructType(asStrings), parsedOptions);
+    corruptIndex = schema.fieldIndex(corruptColumn);
+  }
+
+  /** Spark's JacksonParser for {@code readSchema} over a value's bytes, in a PERMISSIVE FailureSafeParser. */
+  private FailureSafeParser<byte[]> byteParser(StructType readSchema, JSONOptions parsedOptions) {
+    StructType fields = new StructType(java.util.Arrays.stream(readSchema.fields())
+        .filter(f -> !f.name().equals(corruptColumn)).toArray(StructField[]::new));
     Seq<Filter> noFilters = CollectionConverters.asScala(List.<Filter>of()).toSeq();
     JacksonParser raw = new JacksonParser(fields, parsedOptions, false, noFilters);
     scala.Function1<byte[], UTF8String> bytesLiteral = UTF8String::fromBytes;
@@ -156,8 +215,7 @@ public final class JsonValues implements Serializable {
         throw new java.io.UncheckedIOException(e);
       }
     };
-    bytesParser = new FailureSafeParser<>(b -> raw.parse(b, bytesSource, bytesLiteral),
-        parsedOptions.parseMode(), schema, corruptColumn);
-    corruptIndex = schema.fieldIndex(corruptColumn);
+    return new FailureSafeParser<>(b -> raw.parse(b, bytesSource, bytesLiteral),
+        parsedOptions.parseMode(), readSchema, corruptColumn);
   }
 }
