@@ -132,26 +132,34 @@ public final class JsonValues implements Serializable {
     if (bytesParser == null) {
       open();
     }
-    if (!readsAsUtf8(value)) {
-      return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
-    }
-    if (isoParser != null && (isoMissed < 64 || isoMissed <= isoRead)) {
-      InternalRow row = first(isoParser.parse(value));
-      if (row == null || !row.isNullAt(corruptIndex)) {
-        // corrupt with the timestamps as strings, so with them as timestamps too
-        return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
+    if (readsAsUtf8(value)) {
+      if (isoParser != null && (isoMissed < 64 || isoMissed <= isoRead)) {
+        InternalRow row = first(isoParser.parse(value));
+        if (!clean(row)) {
+          return viaFromJson(value); // corrupt with the timestamps as strings, so with them as timestamps too
+        }
+        if (timestampsRead(row)) {
+          isoRead++;
+          return row;
+        }
+        isoMissed++;
       }
-      if (timestampsRead(row)) {
-        isoRead++;
+      InternalRow row = first(bytesParser.parse(value));
+      if (clean(row)) {
         return row;
       }
-      isoMissed++;
     }
-    InternalRow row = first(bytesParser.parse(value));
-    if (row == null || !row.isNullAt(corruptIndex)) {
-      return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
-    }
-    return row;
+    return viaFromJson(value);
+  }
+
+  /** Whether a byte parser read the record into a row without marking it corrupt. */
+  private boolean clean(InternalRow row) {
+    return row != null && row.isNullAt(corruptIndex);
+  }
+
+  /** {@code from_json}'s own path: whatever the byte parsers do not take as it is. */
+  private InternalRow viaFromJson(byte[] value) {
+    return (InternalRow) fromJson.evaluate(UTF8String.fromBytes(value));
   }
 
   /** Replaces the timestamp fields' strings in {@code row} by their values; false if one has another shape. */
