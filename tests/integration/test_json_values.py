@@ -46,6 +46,27 @@ VALUES: list[bytes | None] = [
     b'{"id":"t","tags":"p"}',                           # a string for an array
     b'{"id":"u","u":[1]}',                              # an array for a struct
     b'{"id":"v\\u00e9\\n","n":-0}',                     # escapes
+    b'{"id":"w","n":null,"x":null,"u":null,"tags":null}',  # nulls, also for a type read only by Spark
+    b'{"id":"x1","x":1,"ok":false,"u":{}}',               # an integer for a double, an empty struct
+    b'{"id":"x2","x":-0.0,"u":{"age":2147483647,"name":"\\ud83d\\ude00"}}',  # int's edge, an escaped pair
+    b'{"id":"x3","u":{"age":2147483648}}',              # overflows int
+    b'{"id":"x4","x":1e400}',                           # beyond a double
+    b'{"id":"x5","x":123456789012345678901234567890}',  # an integer beyond a long, for a double
+    b'{"id":"x6","x":"1.5"}',                           # a number as a string, for a double
+    b'{"id":"x7","ok":"true"}',                         # a boolean as a string
+    b'{"id":"x8","ok":1}',                              # a number for a boolean
+    b'{"id":12}',                                       # a number for a string
+    b'{"id":{"a":[1,"b"]}}',                            # an object for a string
+    b'{"id":true,"n":1}',                               # a boolean for a string
+    b'{"id":"x9","u":{"name":"a","name":"b"}}',         # a duplicate key in a struct
+    b'{"id":"y1","n":1,"_gp_corrupt":"x"}',             # the corrupt-record column's name as a field
+    b'{"id":"y2","n":-9223372036854775808,"extra":[{"a":{"b":[]}}],"more":"z"}',
+    b'{"id":"y3","u":{"name":"n","age":1,"deep":{"x":[1,{"y":2}]}}}',
+    b'{"id":"y4","n":1}  \n',                          # whitespace after the object
+    b'{"id":"y5","n":1}x',                              # something else after it
+    b'{"id":"y6","x":Infinity,"n":007}',                 # non-numeric numbers and leading zeros
+    b'{"id":"y7","x":1.0E+2}',
+    b'{"id":"y8","u":{"age":-2147483649}}',
 ]
 # Event times: the shape io.glasspipe.spark.IsoTimestamps reads itself, its edges, and what it leaves to Spark.
 TIMESTAMPS = [
@@ -63,6 +84,7 @@ TIMESTAMPS = [
 VALUES += [f'{{"id":"ts{i}","ts":"{t}"}}'.encode() for i, t in enumerate(TIMESTAMPS)]
 VALUES += [b'{"id":"tn","ts":1764142200}', b'{"id":"tb","ts":true}', b'{"id":"to","ts":{"a":1}}',
            b'{"id":"te","ts":""}']
+VALUES += [b'  {"id" : "c" , "n" : 12}  ', b'{}']
 
 
 def test_every_value_parses_as_from_json_parses_it(spark: Any) -> None:
@@ -93,6 +115,40 @@ def test_every_value_parses_as_from_json_parses_it(spark: Any) -> None:
     # timestamps both read here and left to Spark: some parsed, some corrupt
     ts_rows = [got[VALUES.index(v)][0] for v in VALUES if v is not None and v.startswith(b'{"id":"t')]
     assert {r[CORRUPT] is None for r in ts_rows} == {True, False}
+
+
+# The records the plain reader (io.glasspipe.spark.PlainJson) takes by itself: every value the plainest token for
+# its field's type, one object and nothing after it; every other record is left to Spark's parse.
+PLAIN = [
+    b'{"id":"b","ts":"2026-11-26T07:30:00Z","extra":{"deep":[1,2,{"k":null}]}}',
+    b'  {"id" : "c" , "n" : 12}  ',
+    '{"id":"f","u":{"name":"Zo\u00eb \u2603 \U0001d11e"}}'.encode(),
+    b'{"id":"v\\u00e9\\n","n":-0}',
+    b'{"id":"w","n":null,"x":null,"u":null,"tags":null}',
+    b'{"id":"x1","x":1,"ok":false,"u":{}}',
+    b'{"id":"x2","x":-0.0,"u":{"age":2147483647,"name":"\\ud83d\\ude00"}}',
+    b'{"id":"x4","x":1e400}',
+    b'{"id":"x5","x":123456789012345678901234567890}',
+    b'{"id":"y1","n":1,"_gp_corrupt":"x"}',
+    b'{"id":"y2","n":-9223372036854775808,"extra":[{"a":{"b":[]}}],"more":"z"}',
+    b'{"id":"y3","u":{"name":"n","age":1,"deep":{"x":[1,{"y":2}]}}}',
+    b'{"id":"y4","n":1}  \n',
+    b'{"id":"y7","x":1.0E+2}',
+    b'{"ID":"s","N":3}',
+    b'{"id":"r","x":NaN}',
+    b'{}',
+] + [f'{{"id":"ts{i}","ts":"{t}"}}'.encode() for i, t in enumerate(TIMESTAMPS[:7])]
+
+
+def test_the_plain_reader_takes_plain_records_and_leaves_every_other_to_spark(spark: Any) -> None:
+    from pyspark.sql import types as T
+
+    schema = T._parse_datatype_string(SCHEMA)
+    reader = spark.sparkContext._jvm.io.glasspipe.spark.JsonValues.plainReader(schema.json(), CORRUPT)
+    taken = {v for v in VALUES if v is not None and reader.read(bytearray(v)) is not None}
+    assert taken ^ set(PLAIN) == set()
+    # and what it takes is from_json's: test_every_value_parses_as_from_json_parses_it compares every one
+    assert set(PLAIN) <= set(VALUES)
 
 
 def test_generated_code_and_interpreted_eval_agree(spark: Any) -> None:

@@ -44,9 +44,11 @@ import scala.jdk.javaapi.CollectionConverters;
  * again the way {@code from_json} parses it, so the result, corrupt-record column included, is always
  * {@code from_json}'s.
  *
- * <p>Top-level timestamp fields are first read as strings and turned into timestamps by {@link IsoTimestamps}
- * where they have its shape; a record with one that has not (or is no string) is read again with the
- * timestamps as Spark reads them. A task whose timestamps mostly have another shape stops trying.
+ * <p>A record whose values are all of the plainest kind for their fields is read by {@link PlainJson}, without
+ * Spark's parser. In the others, top-level timestamp fields are first read as strings and turned into
+ * timestamps by {@link IsoTimestamps} where they have its shape; a record with one that has not (or is no
+ * string) is read again with the timestamps as Spark reads them. A task whose records mostly are not plain, or whose timestamps mostly have
+ * another shape, stops trying.
  */
 public final class JsonValues implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -66,6 +68,10 @@ public final class JsonValues implements Serializable {
   /** Records whose timestamps {@link IsoTimestamps} read, and those it could not. */
   private transient long isoRead;
   private transient long isoMissed;
+  /** The reader of plain records (null when the schema has column defaults), and its tally. */
+  private transient PlainJson plain;
+  private transient long plainRead;
+  private transient long plainMissed;
 
   private JsonValues(StructType schema, String corruptColumn, String timeZoneId) {
     this.schema = schema;
@@ -127,12 +133,20 @@ public final class JsonValues implements Serializable {
     }
   }
 
-  /** The parsed row (reused by the next call, as {@code from_json}'s is); called by generated code. */
+  /** The parsed row (possibly reused by the next call, as {@code from_json}'s is); called by generated code. */
   public InternalRow parse(byte[] value) {
     if (bytesParser == null) {
       open();
     }
-    if (readsAsUtf8(value)) {
+    if (PlainJson.readsAsUtf8(value)) {
+      if (plain != null && (plainMissed < 64 || plainMissed <= plainRead)) {
+        InternalRow row = plain.read(value);
+        if (row != null) {
+          plainRead++;
+          return row;
+        }
+        plainMissed++;
+      }
       if (isoParser != null && (isoMissed < 64 || isoMissed <= isoRead)) {
         InternalRow row = first(isoParser.parse(value));
         if (!clean(row)) {
@@ -150,6 +164,17 @@ public final class JsonValues implements Serializable {
       }
     }
     return viaFromJson(value);
+  }
+
+  /**
+   * The reader {@link #parse} tries first, for a schema as {@link #withParsed} takes it (null when that schema has
+   * column defaults), so that what it reads and what it leaves to Spark's parser can be seen on its own. Its
+   * rows do not depend on the session's time zone: the timestamps it reads carry their offset.
+   */
+  public static PlainJson plainReader(String schemaJson, String corruptColumn) {
+    StructType schema = ((StructType) DataType.fromJson(schemaJson)).asNullable();
+    JSONOptions parsedOptions = new JSONOptions(options(corruptColumn), "UTC", corruptColumn);
+    return PlainJson.forSchema(parsedOptions.buildJsonFactory(), schema, corruptColumn);
   }
 
   /** Whether a byte parser read the record into a row without marking it corrupt. */
@@ -176,19 +201,6 @@ public final class JsonValues implements Serializable {
     return true;
   }
 
-  /** Jackson's byte parser guesses the encoding from a byte-order mark or NUL bytes at the start. */
-  private static boolean readsAsUtf8(byte[] v) {
-    if (v.length > 0 && (v[0] == (byte) 0xEF || v[0] == (byte) 0xFE || v[0] == (byte) 0xFF)) {
-      return false;
-    }
-    for (int i = 0; i < Math.min(4, v.length); i++) {
-      if (v[i] == 0) {
-        return false;
-      }
-    }
-    return true;
-  }
-
   private static InternalRow first(Iterator<InternalRow> rows) {
     return rows.hasNext() ? rows.next() : null;
   }
@@ -207,6 +219,7 @@ public final class JsonValues implements Serializable {
     bytesParser = byteParser(schema, parsedOptions);
     isoParser = slots.isEmpty() ? null : byteParser(new StructType(asStrings), parsedOptions);
     corruptIndex = schema.fieldIndex(corruptColumn);
+    plain = PlainJson.forSchema(parsedOptions.buildJsonFactory(), schema, corruptColumn);
   }
 
   /** Spark's JacksonParser for {@code readSchema} over a value's bytes, in a PERMISSIVE FailureSafeParser. */
