@@ -2,6 +2,7 @@ package io.glasspipe.spark;
 
 import java.io.IOException;
 import java.util.HashMap;
+import java.util.Map;
 
 import com.fasterxml.jackson.core.JsonFactory;
 import com.fasterxml.jackson.core.JsonParser;
@@ -75,25 +76,14 @@ public final class PlainJson {
     }
   }
 
+  /** The kind of each type read here; a struct is {@link Kind#STRUCT}, any other type {@link Kind#OTHER}. */
+  private static final Map<DataType, Kind> KINDS = Map.of(
+      DataTypes.StringType, Kind.STRING, DataTypes.LongType, Kind.LONG, DataTypes.IntegerType, Kind.INT,
+      DataTypes.DoubleType, Kind.DOUBLE, DataTypes.FloatType, Kind.FLOAT, DataTypes.BooleanType, Kind.BOOLEAN,
+      DataTypes.TimestampType, Kind.TIMESTAMP);
+
   private static Kind kindOf(DataType t) {
-    if (t.equals(DataTypes.StringType)) {
-      return Kind.STRING;
-    } else if (t.equals(DataTypes.LongType)) {
-      return Kind.LONG;
-    } else if (t.equals(DataTypes.IntegerType)) {
-      return Kind.INT;
-    } else if (t.equals(DataTypes.DoubleType)) {
-      return Kind.DOUBLE;
-    } else if (t.equals(DataTypes.FloatType)) {
-      return Kind.FLOAT;
-    } else if (t.equals(DataTypes.BooleanType)) {
-      return Kind.BOOLEAN;
-    } else if (t.equals(DataTypes.TimestampType)) {
-      return Kind.TIMESTAMP;
-    } else if (t instanceof StructType) {
-      return Kind.STRUCT;
-    }
-    return Kind.OTHER;
+    return t instanceof StructType ? Kind.STRUCT : KINDS.getOrDefault(t, Kind.OTHER);
   }
 
   /** A value that is not the plainest token for its field. */
