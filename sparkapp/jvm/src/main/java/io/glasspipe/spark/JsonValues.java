@@ -47,8 +47,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>A record whose values are all of the plainest kind for their fields is read by {@link PlainJson}, without
  * Spark's parser. In the others, top-level timestamp fields are first read as strings and turned into
  * timestamps by {@link IsoTimestamps} where they have its shape; a record with one that has not (or is no
- * string) is read again with the timestamps as Spark reads them. A task whose records mostly are not plain, or whose timestamps mostly have
- * another shape, stops trying.
+ * string) is read again with the timestamps as Spark reads them. A task whose records mostly are not plain,
+ * or whose timestamps mostly have another shape, stops trying that reader.
  */
 public final class JsonValues implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -66,12 +66,30 @@ public final class JsonValues implements Serializable {
   /** Indices of the top-level TIMESTAMP fields, which {@link #isoParser} reads as strings. */
   private transient int[] timestampSlots;
   /** Records whose timestamps {@link IsoTimestamps} read, and those it could not. */
-  private transient long isoRead;
-  private transient long isoMissed;
+  private transient Tally iso;
   /** The reader of plain records (null when the schema has column defaults), and its tally. */
   private transient PlainJson plain;
-  private transient long plainRead;
-  private transient long plainMissed;
+  private transient Tally plainTally;
+
+  /** Hits and misses of a faster path: worth trying until it has missed 64 times and more often than not. */
+  private static final class Tally {
+    private long hits;
+    private long misses;
+
+    boolean worthTrying() {
+      return misses < 64 || misses <= hits;
+    }
+
+    /** Counts {@code hit} and returns it. */
+    boolean count(boolean hit) {
+      if (hit) {
+        hits++;
+      } else {
+        misses++;
+      }
+      return hit;
+    }
+  }
 
   private JsonValues(StructType schema, String corruptColumn, String timeZoneId) {
     this.schema = schema;
@@ -139,24 +157,20 @@ public final class JsonValues implements Serializable {
       open();
     }
     if (PlainJson.readsAsUtf8(value)) {
-      if (plain != null && (plainMissed < 64 || plainMissed <= plainRead)) {
+      if (plain != null && plainTally.worthTrying()) {
         InternalRow row = plain.read(value);
-        if (row != null) {
-          plainRead++;
+        if (plainTally.count(row != null)) {
           return row;
         }
-        plainMissed++;
       }
-      if (isoParser != null && (isoMissed < 64 || isoMissed <= isoRead)) {
+      if (isoParser != null && iso.worthTrying()) {
         InternalRow row = first(isoParser.parse(value));
         if (!clean(row)) {
           return viaFromJson(value); // corrupt with the timestamps as strings, so with them as timestamps too
         }
-        if (timestampsRead(row)) {
-          isoRead++;
+        if (iso.count(timestampsRead(row))) {
           return row;
         }
-        isoMissed++;
       }
       InternalRow row = first(bytesParser.parse(value));
       if (clean(row)) {
@@ -220,6 +234,8 @@ public final class JsonValues implements Serializable {
     isoParser = slots.isEmpty() ? null : byteParser(new StructType(asStrings), parsedOptions);
     corruptIndex = schema.fieldIndex(corruptColumn);
     plain = PlainJson.forSchema(parsedOptions.buildJsonFactory(), schema, corruptColumn);
+    iso = new Tally();
+    plainTally = new Tally();
   }
 
   /** Spark's JacksonParser for {@code readSchema} over a value's bytes, in a PERMISSIVE FailureSafeParser. */

@@ -36,18 +36,13 @@ public final class PlainJson {
   private static final class Level {
     final Kind[] kinds;
     final Level[] nested;
-    final int width;
     final HashMap<String, Integer> slots = new HashMap<>();
-    /** The name met at each position of the last object and its slot: records repeat their field order. */
-    final String[] lastNames = new String[32];
-    final int[] lastSlots = new int[32];
 
     Level(StructType struct, String skipped) {
       StructField[] fields = struct.fields();
-      width = fields.length;
-      kinds = new Kind[width];
-      nested = new Level[width];
-      for (int i = 0; i < width; i++) {
+      kinds = new Kind[fields.length];
+      nested = new Level[fields.length];
+      for (int i = 0; i < fields.length; i++) {
         DataType t = fields[i].dataType();
         kinds[i] = kindOf(t);
         if (t instanceof StructType) {
@@ -57,22 +52,6 @@ public final class PlainJson {
           slots.putIfAbsent(fields[i].name(), i);
         }
       }
-    }
-
-    int slot(String name, int position) {
-      if (position < lastNames.length) {
-        String last = lastNames[position];
-        if (last != null && last.equals(name)) {
-          return lastSlots[position];
-        }
-      }
-      Integer found = slots.get(name);
-      int slot = found == null ? -1 : found;
-      if (position < lastNames.length) {
-        lastNames[position] = name;
-        lastSlots[position] = slot;
-      }
-      return slot;
     }
   }
 
@@ -154,11 +133,10 @@ public final class PlainJson {
 
   /** The object the parser stands at the start of, as a row of {@code level}; NOT_PLAIN if it is not plain. */
   private Object object(JsonParser p, Level level) throws IOException {
-    Object[] values = new Object[level.width];
-    boolean[] seen = new boolean[level.width];
-    int position = 0;
+    Object[] values = new Object[level.kinds.length];
+    boolean[] seen = new boolean[level.kinds.length];
     for (JsonToken t = p.nextToken(); t != JsonToken.END_OBJECT; t = p.nextToken()) {
-      int slot = level.slot(p.currentName(), position++);
+      int slot = level.slots.getOrDefault(p.currentName(), -1);
       JsonToken v = p.nextToken();
       if (slot < 0) {
         p.skipChildren();
