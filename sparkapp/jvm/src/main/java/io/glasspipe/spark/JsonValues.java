@@ -66,7 +66,7 @@ public final class JsonValues implements Serializable {
   /** Indices of the top-level TIMESTAMP fields, which {@link #isoParser} reads as strings. */
   private transient int[] timestampSlots;
   /** Records whose timestamps {@link IsoTimestamps} read, and those it could not. */
-  private transient Tally iso;
+  private transient Tally isoTally;
   /** The reader of plain records (null when the schema has column defaults), and its tally. */
   private transient PlainJson plain;
   private transient Tally plainTally;
@@ -163,12 +163,12 @@ public final class JsonValues implements Serializable {
           return row;
         }
       }
-      if (isoParser != null && iso.worthTrying()) {
+      if (isoParser != null && isoTally.worthTrying()) {
         InternalRow row = first(isoParser.parse(value));
         if (!clean(row)) {
           return viaFromJson(value); // corrupt with the timestamps as strings, so with them as timestamps too
         }
-        if (iso.count(timestampsRead(row))) {
+        if (isoTally.count(timestampsRead(row))) {
           return row;
         }
       }
@@ -234,7 +234,7 @@ public final class JsonValues implements Serializable {
     isoParser = slots.isEmpty() ? null : byteParser(new StructType(asStrings), parsedOptions);
     corruptIndex = schema.fieldIndex(corruptColumn);
     plain = PlainJson.forSchema(parsedOptions.buildJsonFactory(), schema, corruptColumn);
-    iso = new Tally();
+    isoTally = new Tally();
     plainTally = new Tally();
   }
 
