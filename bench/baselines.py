@@ -26,7 +26,6 @@ exactness check (rows == N without dedup, rows == keys == first occurrences with
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import statistics
@@ -35,9 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 import yaml
 from clickhouse_driver import Client
@@ -47,15 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bulk import BATCH, _ts, become_subreaper, children, make_events, reap_orphans
+from plain_loop import BLOCK, run_loop
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import produce, run_to_end, sms_dedup_pipeline, write_pipeline
 
 VARIANTS = ("plain", "nodedup", "dedup", "clickhouse")
-BLOCK = 100_000  # rows per INSERT (loops) and sink.clickhouse.batching.maxRows (Spark)
 MAX_OFFSETS = 200_000  # kafka.maxOffsetsPerTrigger of the Spark runs, as bench/bulk.py
-TOP_VERSION = 1 << 63
 COLUMNS = ("sms_id String, status Nullable(String), phone Nullable(String), provider Nullable(String), "
            "sent_at DateTime, seq Nullable(Int64)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -138,53 +134,9 @@ def measure(b: Bench, label: str, run: Callable[[], str], table: str, want: str)
 
 
 def plain_loop(b: Bench, group: str, table: str, versioned: bool) -> str:
-    """The reference loop: poll, json.loads, columnar INSERT of BLOCK rows, commit; stops after N records."""
-    names = ["sms_id", "status", "phone", "provider", "sent_at", "seq"] + (["ver"] if versioned else [])
-    insert = f"INSERT INTO {table} ({', '.join(names)}) VALUES"
-    consumer = Consumer({"bootstrap.servers": b.kafka.bootstrap, "group.id": group,
-                         "auto.offset.reset": "earliest", "enable.auto.commit": False})
-    consumer.subscribe([b.topic])
-    cols: list[list[Any]] = [[] for _ in names]
-    got = inserts = 0
-    idle_since = entered = time.monotonic()
-    first = 0.0
-
-    def flush() -> None:
-        nonlocal cols, inserts
-        if cols[0]:
-            b.client.execute(insert, cols, columnar=True)
-            consumer.commit(asynchronous=False)
-            cols, inserts = [[] for _ in names], inserts + 1
-
-    try:
-        while got < b.n:
-            msgs = consumer.consume(10_000, timeout=1.0)
-            if not msgs:
-                if time.monotonic() - idle_since > 120:
-                    raise RuntimeError(f"plain loop: no records for 120 s after {got} of {b.n}")
-                continue
-            idle_since = time.monotonic()
-            first = first or idle_since - entered
-            sms_id, status, phone, provider, sent_at, seq = cols[:6]
-            for m in msgs:
-                if m.error() is not None:
-                    raise KafkaException(m.error())
-                d = json.loads(m.value() or b"null")
-                sms_id.append(d["sms_id"])
-                status.append(d.get("status"))
-                phone.append(d.get("phone"))
-                provider.append((d.get("meta") or {}).get("provider"))
-                sent_at.append(datetime.fromisoformat(d["sent_at"]))
-                seq.append(d.get("seq"))
-                if versioned:
-                    cols[6].append(TOP_VERSION - (m.offset() or 0))
-            got += len(msgs)
-            if len(cols[0]) >= BLOCK:
-                flush()
-        flush()
-    finally:
-        consumer.close()
-    return f" (first records after {first:.1f} s), {inserts} INSERTs"
+    """The reference loop (bench/plain_loop.py): INSERTs of BLOCK rows; stops after N records."""
+    run = run_loop(b.kafka.bootstrap, b.topic, group, b.client, table, versioned=versioned, stop_after=b.n)
+    return f" (first records after {run.first_after:.1f} s), {run.inserts} INSERTs"
 
 
 def warm_up_groups(b: Bench) -> None:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
@@ -45,17 +46,17 @@ from glasspipe.api.durations import parse_duration_ms
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
-from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
+from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous, write_pipeline
 from glasspipe_dev.process import ServerProcess
 
 POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long (50 ms on average)
 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,
-                  window: str | None, max_offsets: int | None = None) -> Path:
+                  window: str | None, max_offsets: int | None = None, dedup: bool = True) -> Path:
     # sent_at in epoch milliseconds too: its DateTime column (a timestamp field's default; ClickHouse 18.16
     # has no DateTime64) holds whole seconds, which made every latency read up to a second long
-    return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
+    path = sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
                               max_offsets=max_offsets, seq_field=True, spark_conf=spark_conf, window=window,
                               extra_columns=[{"name": "sent_ms", "expression": "unix_millis(sent_at)",
                                               "type": "Int64"}],
@@ -63,6 +64,11 @@ def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: d
                               # by sms_id, its query read the whole table ten times a second (~0.3 cores of
                               # ClickHouse at 2.4 M rows)
                               order_by=["seq"])
+    if not dedup:  # the CRD allows a source without deduplication: the plan is then stateless
+        doc = yaml.safe_load(path.read_text())
+        del doc["spec"]["sources"][0]["deduplication"]
+        write_pipeline(doc, tmp, path.name)
+    return path
 
 
 class Poller(threading.Thread):
@@ -116,6 +122,24 @@ class Poller(threading.Thread):
         self.low = self.low + int(gaps[0]) if len(gaps) else len(self.seen) - 1
 
 
+VARIANTS = {"dedup": "glasspipe, the sms-dedup pipeline",
+            "nodedup": "glasspipe, the same pipeline without its deduplication (a stateless plan)",
+            "plain": "the plain loop (bench/plain_loop.py, no deduplication): issue 15's reference"}
+
+
+def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table: str, trigger: str,
+                     log: Path) -> ServerProcess:
+    """bench/plain_loop.py into a table of the pipeline's columns, sorted by seq as the pipeline's is; an INSERT at
+    the latest ``trigger`` after its first row, as the pipeline's batching.maxDelay."""
+    ch.client().execute(f"CREATE TABLE {table} (sms_id String, status Nullable(String), phone Nullable(String), "
+                        "provider Nullable(String), sent_at DateTime, seq Int64, sent_ms Int64) "
+                        "ENGINE = MergeTree ORDER BY seq")
+    argv = [sys.executable, str(Path(__file__).with_name("plain_loop.py")), "--bootstrap", kafka.bootstrap,
+            "--topic", topic, "--group", f"plain-{table}", "--clickhouse", f"127.0.0.1:{ch.port}", "--table", table,
+            "--max-delay", str(parse_duration_ms(trigger) / 1000)]
+    return ServerProcess("plain-loop", argv, log).start()
+
+
 ROWS_PER_CHECK = 3_000_000  # rows of the sink's table a bucket of check_exact holds, about
 
 
@@ -139,6 +163,19 @@ def check_exact(ch: ClickHouseServer, table: str, firsts: int, window: str) -> t
         keys, too_close, with_seq, seqs = keys + k, too_close + tc, with_seq + a, seqs + b
     exact = keys == firsts == with_seq == seqs and too_close == 0
     return exact, rows, keys, rows - with_seq, too_close
+
+
+def check_every_event(ch: ClickHouseServer, table: str, events: int, firsts: int) -> tuple[bool, int, int]:
+    """(exact, rows, distinct first occurrences) without deduplication: exact when every event landed once, i.e.
+    ``events`` rows of which ``firsts`` carry a distinct seq (a repeat's seq is -1)."""
+    client = ch.client()
+    [(rows,)] = client.execute(f"SELECT count() FROM {table}")
+    n = rows // ROWS_PER_CHECK + 1
+    with_seq = seqs = 0
+    for i in range(n):
+        [(a, b)] = client.execute(f"SELECT count(), uniqExact(seq) FROM {table} WHERE seq > 0 AND seq % {n} = {i}")
+        with_seq, seqs = with_seq + a, seqs + b
+    return rows == events and with_seq == seqs == firsts, rows, seqs
 
 
 def by_minute(sent: list[float], latencies: list[float]) -> dict[int, tuple[float, float, float]]:
@@ -213,22 +250,27 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
             window: str | None = None, jfr: Path | None = None, settle: float = 0.0,
             code: Path | None = None, poll: float = POLL_S, linger_ms: int = LINGER_MS,
-            max_offsets: int | None = None, scattered_keys: bool = False) -> dict[str, Any]:
+            max_offsets: int | None = None, scattered_keys: bool = False, variant: str = "dedup") -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
-    path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets)
-    # with --jfr, deep stacks, so that samples keep their Spark operator
-    env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else {}
-    if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
-        env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))
-    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
-                           tmp / f"{table}.log", env=env or None)
+    if variant == "plain":
+        job = start_plain_loop(kafka, ch, topic, table, trigger, tmp / f"{table}.log")
+    else:
+        path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
+                             dedup=variant == "dedup")
+        # with --jfr, deep stacks, so that samples keep their Spark operator
+        env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else {}
+        if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
+            env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))
+        job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
+                               tmp / f"{table}.log", env=env or None)
     try:
         workload = Workload(seed=int(rate), scattered_keys=scattered_keys)
         # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
-        produce_plan(kafka.bootstrap, topic, workload.plan(int(warmup_rate * warmup), warmup_rate), warmup_rate)
+        warm = produce_plan(kafka.bootstrap, topic, workload.plan(int(warmup_rate * warmup), warmup_rate),
+                            warmup_rate)
         # made while the pipeline drains the warm-up; its first ``settle`` seconds are offered but not measured: the
         # pipeline runs micro-batches of the measured size for a while before its latency counts
         plan = workload.plan(int(rate * (settle + seconds)), rate)
@@ -255,18 +297,27 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.stop.set()
         poller.join()
         lat, sent = poller.values(since=began)
-        exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts, window or "5m")
+        if variant == "dedup":
+            exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts, window or "5m")
+            checked = (f"{rows} rows, {distinct} keys, {workload.firsts} first occurrences, {reopened} repeats a "
+                       f"window or more after their key's first row, {too_close} keys with two rows less than a "
+                       "window apart")
+        else:
+            events = int(warm["events"] + got["events"])
+            exact, rows, firsts = check_every_event(ch, table, events, workload.firsts)
+            checked = (f"{rows} rows of {events} events, {firsts} distinct first occurrences of {workload.firsts}; "
+                       "no deduplication: every event lands")
         phases = batch_phases(tmp / f"{table}.log", first_batch)
-        print(f"offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
+        batches = phases.pop("batches", 0)
+        print(f"{VARIANTS[variant]}: offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s "
+              f"({got['events']:.0f} events, "
               f"{got['repeats']:.0f} repeats; {'scattered' if scattered_keys else 'ordered'} keys; "
               f"trigger {trigger}; producer linger {linger_ms} ms; "
               f"the last {seconds:.0f} s measured): landed {len(lat)} rows; "
               f"latency (polled every {poll * 1000:.0f} ms) "
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
               f"p99 {percentile(lat, 0.99):.2f} s, "
-              f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({rows} rows, {distinct} keys, "
-              f"{workload.firsts} first occurrences, {reopened} repeats a window or more after their key's "
-              f"first row, {too_close} keys with two rows less than a window apart)", flush=True)
+              f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({checked})", flush=True)
         print("  latency by minute of the measured window, p50 / p95 / p99: " + "; ".join(
             f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, (a, b, c) in by_minute(sent, lat).items()), flush=True)
         early, late = trend(sent, lat)
@@ -277,9 +328,11 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         print("  the pipeline's CPU by kind of thread, in cores: " + ", ".join(
             f"{g.split(' (')[0]} {v / got['seconds']:.2f}" for g, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
             if v / got["seconds"] >= 0.01), flush=True)
-        print(f"  per micro-batch while measuring (median ms over {phases.pop('batches', 0):.0f} batches with data): "
-              + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
-        return {"offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate, "settle": settle,
+        if batches:
+            print(f"  per micro-batch while measuring (median ms over {batches:.0f} batches with data): "
+                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
+        return {"variant": variant, "offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate,
+                "settle": settle,
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
                 "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
                 "scattered_keys": scattered_keys,
@@ -325,6 +378,8 @@ def main() -> None:
     p.add_argument("--scattered-keys", action="store_true",
                    help="keys scattered over the key space (16 hex digits, as random ids are) instead of made in "
                    "order, each after the last: the state's RocksDB writes and reads lose their locality")
+    p.add_argument("--variant", choices=sorted(VARIANTS), default="dedup",
+                   help="; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     args = p.parse_args()
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
@@ -334,7 +389,7 @@ def main() -> None:
                           spark_conf, max_rows=args.max_rows, window=args.window, jfr=args.jfr, settle=args.settle,
                           code=args.code.resolve() if args.code else None, poll=args.poll,
                           linger_ms=args.linger_ms, max_offsets=args.max_offsets,
-                          scattered_keys=args.scattered_keys)
+                          scattered_keys=args.scattered_keys, variant=args.variant)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")
