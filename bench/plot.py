@@ -31,10 +31,16 @@ def delivered_rate(r: dict[str, Any]) -> float:
 
 
 def series_name(r: dict[str, Any]) -> str:
-    """Runs that differ only in the offered rate share a line: same trigger, window and kind of warm-up."""
+    """Runs that differ only in the offered rate share a line: same variant (bench/freshness.py --variant), trigger,
+    window and kind of warm-up."""
     same = abs(r["warmup_rate"] - r["offered"]) < 0.05 * r["offered"]
     warm = "warmed up at the rate" if same else f"warm-up at {r['warmup_rate']:.0f} ev/s"
-    return f"{r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window, {warm}"
+    variant = r.get("variant", "dedup")
+    if variant == "plain":
+        return f"plain loop, {r.get('trigger', '1s')} max delay, {warm}"
+    if variant == "nodedup":
+        return f"no dedup, {r.get('trigger', '1s')} trigger, {warm}"
+    return f"dedup, {r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window, {warm}"
 
 
 def fell_behind(r: dict[str, Any]) -> bool:
@@ -66,6 +72,8 @@ def main() -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = f"\n{args.label}" if args.label else ""
+    what = "dedup pipeline" if all(r.get("variant", "dedup") == "dedup" for rs in series.values() for r in rs) \
+        else "each variant"
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     top = 0.0
@@ -81,7 +89,7 @@ def main() -> int:
     ax.axhline(50_000, color="grey", linestyle="--", linewidth=0.8, label="target: 50,000 ev/s sustained")
     ax.set_xlabel("offered events/s")
     ax.set_ylabel("delivered events/s (events / time until the last landed)")
-    ax.set_title("dedup pipeline: delivered vs offered events/s" + suffix, fontsize=9)
+    ax.set_title(f"{what}: delivered vs offered events/s" + suffix, fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -96,7 +104,7 @@ def main() -> int:
     ax.set_yscale("log")
     ax.axhline(2.0, color="grey", linestyle="--", linewidth=0.8, label="target: p99 < 2 s at 10,000 ev/s")
     ax.axhline(0.7, color="grey", linestyle=":", linewidth=0.8, label="target: p95 < 0.7 s at 10,000 ev/s")
-    ax.set_title("dedup pipeline: end-to-end latency percentiles" + suffix, fontsize=9)
+    ax.set_title(f"{what}: end-to-end latency percentiles" + suffix, fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3, which="both")
     fig.tight_layout()
