@@ -127,16 +127,16 @@ VARIANTS = {"dedup": "glasspipe, the sms-dedup pipeline",
             "plain": "the plain loop (bench/plain_loop.py, no deduplication): issue 15's reference"}
 
 
-def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table: str, trigger: str,
+def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table: str, trigger: str, max_rows: int,
                      log: Path) -> ServerProcess:
-    """bench/plain_loop.py into a table of the pipeline's columns, sorted by seq as the pipeline's is; an INSERT at
-    the latest ``trigger`` after its first row, as the pipeline's batching.maxDelay."""
+    """bench/plain_loop.py into a table of the pipeline's columns, sorted by seq as the pipeline's is; an INSERT of
+    ``max_rows`` at most, at the latest ``trigger`` after its first row, as the pipeline's batching."""
     ch.client().execute(f"CREATE TABLE {table} (sms_id String, status Nullable(String), phone Nullable(String), "
                         "provider Nullable(String), sent_at DateTime, seq Int64, sent_ms Int64) "
                         "ENGINE = MergeTree ORDER BY seq")
     argv = [sys.executable, str(Path(__file__).with_name("plain_loop.py")), "--bootstrap", kafka.bootstrap,
             "--topic", topic, "--group", f"plain-{table}", "--clickhouse", f"127.0.0.1:{ch.port}", "--table", table,
-            "--max-delay", str(parse_duration_ms(trigger) / 1000)]
+            "--max-delay", str(parse_duration_ms(trigger) / 1000), "--block", str(max_rows)]
     return ServerProcess("plain-loop", argv, log).start()
 
 
@@ -256,7 +256,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
     if variant == "plain":
-        job = start_plain_loop(kafka, ch, topic, table, trigger, tmp / f"{table}.log")
+        job = start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")
     else:
         path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
                              dedup=variant == "dedup")
@@ -381,6 +381,8 @@ def main() -> None:
     p.add_argument("--variant", choices=sorted(VARIANTS), default="dedup",
                    help="; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     args = p.parse_args()
+    if args.variant == "plain" and (args.jfr or args.code or args.spark_conf):
+        p.error("--jfr, --code and --spark-conf are for the pipeline's JVM: not with --variant plain")
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):

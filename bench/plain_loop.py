@@ -1,9 +1,9 @@
 """Issue 15's reference loop, with no deduplication: one confluent-kafka consumer, ``json.loads``, a columnar
-clickhouse-driver INSERT of up to 100 000 rows, the consumer's offsets committed after each INSERT.
+clickhouse-driver INSERT of up to 100 000 rows (``--block``), the consumer's offsets committed after each INSERT.
 
 bench/baselines.py runs it inside its own process over a topic's N records. bench/freshness.py
 (``--variant plain``) runs this script continuously at a fixed offered rate: an INSERT goes out once it holds
-100 000 rows or ``--max-delay`` seconds after its first row (as glasspipe's ``batching.maxDelay``), until
+``--block`` rows or ``--max-delay`` seconds after its first row (as glasspipe's ``batching.maxDelay``), until
 SIGTERM, which writes what it holds and stops.
 
     python bench/plain_loop.py --bootstrap 127.0.0.1:9092 --topic sms --clickhouse 127.0.0.1:9000 --table t
@@ -44,10 +44,10 @@ def columns(versioned: bool, sent_ms: bool) -> list[str]:
 
 def run_loop(bootstrap: str, topic: str, group: str, client: Client, table: str, *, versioned: bool = False,
              sent_ms: bool = False, stop_after: int | None = None, max_delay: float | None = None,
-             stop: threading.Event | None = None) -> LoopRun:
+             stop: threading.Event | None = None, block: int = BLOCK) -> LoopRun:
     """Poll, ``json.loads``, INSERT, commit; until ``stop_after`` records (failing after IDLE_LIMIT_S without
-    any) or until ``stop`` is set. With ``max_delay`` a block is written that long after its first row at the
-    latest, else only when full (and at the end)."""
+    any) or until ``stop`` is set. A block is written once it holds ``block`` rows; with ``max_delay`` also that
+    long after its first row at the latest (and at the end)."""
     names = columns(versioned, sent_ms)
     insert = f"INSERT INTO {table} ({', '.join(names)}) VALUES"
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
@@ -79,7 +79,7 @@ def run_loop(bootstrap: str, topic: str, group: str, client: Client, table: str,
                 append_rows(msgs, cols, versioned, sent_ms)
             elif stop_after is not None and now - idle_since > IDLE_LIMIT_S:
                 raise RuntimeError(f"plain loop: no records for {IDLE_LIMIT_S} s after {got} of {stop_after}")
-            if len(cols[0]) >= BLOCK or (max_delay and cols[0] and now - oldest >= max_delay):
+            if len(cols[0]) >= block or (max_delay and cols[0] and now - oldest >= max_delay):
                 flush()
         flush()
     finally:
@@ -116,12 +116,13 @@ def main() -> None:
     p.add_argument("--clickhouse", required=True, help="HOST:PORT of ClickHouse's native protocol")
     p.add_argument("--table", required=True, help="an existing table with the columns of columns(sent_ms=True)")
     p.add_argument("--max-delay", type=float, default=1.0, help="seconds a row waits for its INSERT at most")
+    p.add_argument("--block", type=int, default=BLOCK, help="rows an INSERT holds at most")
     args = p.parse_args()
     host, port = args.clickhouse.rsplit(":", 1)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     run = run_loop(args.bootstrap, args.topic, args.group, Client(host=host, port=int(port)), args.table,
-                   sent_ms=True, max_delay=args.max_delay, stop=stop)
+                   sent_ms=True, max_delay=args.max_delay, stop=stop, block=args.block)
     print(f"plain loop: {run.records} records, {run.inserts} INSERTs", flush=True)
 
 
