@@ -3,14 +3,19 @@ import java.lang.management.ManagementFactory;
 import java.lang.management.ThreadMXBean;
 import java.nio.ByteBuffer;
 import java.nio.file.Files;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.TreeMap;
 
 import org.rocksdb.BlockBasedTableConfig;
 import org.rocksdb.BloomFilter;
+import org.rocksdb.ColumnFamilyDescriptor;
+import org.rocksdb.ColumnFamilyHandle;
+import org.rocksdb.ColumnFamilyOptions;
 import org.rocksdb.CompactionStyle;
 import org.rocksdb.CompressionType;
+import org.rocksdb.DBOptions;
 import org.rocksdb.FlushOptions;
 import org.rocksdb.LRUCache;
 import org.rocksdb.Options;
@@ -36,7 +41,10 @@ import org.rocksdb.WriteOptions;
  *
  * <p>Arguments, key=value: rate, window (s), seconds, snapshot (s), trigger (level0 files that start a
  * compaction), wb (memtable MB), universal, dynamic=false, none (no compression), timeronly (no value state:
- * the timers by key are seeked for each new key instead).
+ * the timers by key are seeked for each new key instead), segments=N (not transformWithState's layout: no timers;
+ * each key's first time goes into the newest of N + 1 column families, each {@code window / N} seconds long, a
+ * key is looked up in all of them, newest first, and the oldest is dropped whole as a new one opens, so nothing
+ * is ever deleted key by key: what an operator of glasspipe's own could keep).
  */
 public final class RocksDBStateSim {
   private static final short VALUE = 1;
@@ -83,6 +91,78 @@ public final class RocksDBStateSim {
     return new long[] {all, rocks};
   }
 
+  /** The segments=N layout (see the class comment): same keys, same repeats, same flushes, same printout. */
+  private static void runSegments(File dir, ColumnFamilyOptions cf, int rate, int windowS, int seconds,
+      int snapshotS, int segments, String[] args) throws Exception {
+    DBOptions options = new DBOptions().setCreateIfMissing(true).setStatistics(new Statistics());
+    List<ColumnFamilyHandle> handles = new ArrayList<>();
+    WriteOptions write = new WriteOptions().setDisableWAL(true);
+    ReadOptions read = new ReadOptions();
+    FlushOptions flush = new FlushOptions().setWaitForFlush(true);
+    byte[] value = new byte[24];
+    ThreadMXBean bean = ManagementFactory.getThreadMXBean();
+    int segmentS = Math.max(1, windowS / segments);
+    long made = 0;
+    long dropped = 0;
+    long loopNs = 0;
+    long expiryNs = 0;
+    long startWall = System.nanoTime();
+    try (RocksDB db = RocksDB.open(options, dir.getPath(),
+        List.of(new ColumnFamilyDescriptor(RocksDB.DEFAULT_COLUMN_FAMILY, cf)), handles)) {
+      ArrayDeque<ColumnFamilyHandle> live = new ArrayDeque<>(); // newest first
+      for (int sec = 0; sec < seconds; sec++) {
+        long t0 = bean.getCurrentThreadCpuTime();
+        if (sec % segmentS == 0) {
+          live.addFirst(db.createColumnFamily(new ColumnFamilyDescriptor(("s" + sec).getBytes(), cf)));
+          if (live.size() > segments + 1) {
+            ColumnFamilyHandle oldest = live.removeLast();
+            db.dropColumnFamily(oldest);
+            oldest.close();
+            dropped += (long) rate * segmentS;
+          }
+        }
+        expiryNs += bean.getCurrentThreadCpuTime() - t0;
+        ColumnFamilyHandle newest = live.peekFirst();
+        for (int i = 0; i < rate; i++) {
+          byte[] k = key(VALUE, id(made++), 0, false, false);
+          for (ColumnFamilyHandle h : live) {
+            if (db.get(h, read, k) != null) {
+              break;
+            }
+          }
+          db.put(newest, write, k, value);
+          if (i % 9 == 0 && made > 10) {
+            byte[] recent = key(VALUE, id(made - 5), 0, false, false);
+            for (ColumnFamilyHandle h : live) {
+              if (db.get(h, read, recent) != null) {
+                break;
+              }
+            }
+          }
+        }
+        if ((sec + 1) % snapshotS == 0) {
+          db.flush(flush, new ArrayList<>(live));
+        }
+        loopNs += bean.getCurrentThreadCpuTime() - t0;
+      }
+      TreeMap<String, Long> byName = new TreeMap<>();
+      long[] cpu = threadCpuMs(byName);
+      Statistics st = options.statistics();
+      System.out.printf("%s: %d keys made, %d dropped with their segments in %.1f s; CPU s: the loop %.1f (expiry "
+          + "%.1f), RocksDB's background %.1f %s, the process %.1f; compactions read %d MB and wrote %d MB%n",
+          String.join(" ", args), made, dropped, (System.nanoTime() - startWall) / 1e9, loopNs / 1e9,
+          expiryNs / 1e9, cpu[1] / 1e3, byName, cpu[0] / 1e3,
+          st.getTickerCount(TickerType.COMPACT_READ_BYTES) >> 20,
+          st.getTickerCount(TickerType.COMPACT_WRITE_BYTES) >> 20);
+      for (ColumnFamilyHandle h : live) {
+        h.close();
+      }
+      for (ColumnFamilyHandle h : handles) {
+        h.close();
+      }
+    }
+  }
+
   public static void main(String[] args) throws Exception {
     RocksDB.loadLibrary();
     int rate = 36_000;
@@ -94,6 +174,7 @@ public final class RocksDBStateSim {
     boolean universal = false;
     boolean dynamic = true;
     boolean timerOnly = false;
+    int segments = 0;
     CompressionType compression = CompressionType.LZ4_COMPRESSION;
     for (String arg : args) {
       String[] kv = arg.split("=", 2);
@@ -108,6 +189,7 @@ public final class RocksDBStateSim {
         case "dynamic": dynamic = Boolean.parseBoolean(kv[1]); break;
         case "none": compression = CompressionType.NO_COMPRESSION; break;
         case "timeronly": timerOnly = true; break;
+        case "segments": segments = Integer.parseInt(kv[1]); break;
         default: throw new IllegalArgumentException("unknown argument " + arg);
       }
     }
@@ -117,6 +199,18 @@ public final class RocksDBStateSim {
     table.setBlockCache(new LRUCache(8L << 20));
     table.setFilterPolicy(new BloomFilter());
     table.setFormatVersion(5);
+    if (segments > 0) {
+      ColumnFamilyOptions cf = new ColumnFamilyOptions().setTableFormatConfig(table).setCompressionType(compression)
+          .setLevel0FileNumCompactionTrigger(trigger).setLevelCompactionDynamicLevelBytes(dynamic);
+      if (wbMB > 0) {
+        cf.setWriteBufferSize(wbMB << 20);
+      }
+      if (universal) {
+        cf.setCompactionStyle(CompactionStyle.UNIVERSAL);
+      }
+      runSegments(dir, cf, rate, windowS, seconds, snapshotS, segments, args);
+      return;
+    }
     Options options = new Options().setCreateIfMissing(true).setTableFormatConfig(table)
         .setCompressionType(compression).setStatistics(new Statistics())
         .setLevel0FileNumCompactionTrigger(trigger).setLevelCompactionDynamicLevelBytes(dynamic);
