@@ -91,6 +91,19 @@ public final class RocksDBStateSim {
     return new long[] {all, rocks};
   }
 
+  /** One run's line: keys, how they went, wall time, CPU of the loop and of RocksDB's threads, compactions. */
+  private static void report(String[] args, long made, String gone, long startWall, long loopNs, long expiryNs,
+      Statistics st) throws Exception {
+    TreeMap<String, Long> byName = new TreeMap<>();
+    long[] cpu = threadCpuMs(byName);
+    System.out.printf("%s: %d keys made, %s in %.1f s; CPU s: the loop %.1f (expiry %.1f), RocksDB's "
+        + "background %.1f %s, the process %.1f; compactions read %d MB and wrote %d MB%n",
+        String.join(" ", args), made, gone, (System.nanoTime() - startWall) / 1e9, loopNs / 1e9,
+        expiryNs / 1e9, cpu[1] / 1e3, byName, cpu[0] / 1e3,
+        st.getTickerCount(TickerType.COMPACT_READ_BYTES) >> 20,
+        st.getTickerCount(TickerType.COMPACT_WRITE_BYTES) >> 20);
+  }
+
   /** The segments=N layout (see the class comment): same keys, same repeats, same flushes, same printout. */
   private static void runSegments(File dir, ColumnFamilyOptions cf, int rate, int windowS, int seconds,
       int snapshotS, int segments, String[] args) throws Exception {
@@ -145,15 +158,7 @@ public final class RocksDBStateSim {
         }
         loopNs += bean.getCurrentThreadCpuTime() - t0;
       }
-      TreeMap<String, Long> byName = new TreeMap<>();
-      long[] cpu = threadCpuMs(byName);
-      Statistics st = options.statistics();
-      System.out.printf("%s: %d keys made, %d dropped with their segments in %.1f s; CPU s: the loop %.1f (expiry "
-          + "%.1f), RocksDB's background %.1f %s, the process %.1f; compactions read %d MB and wrote %d MB%n",
-          String.join(" ", args), made, dropped, (System.nanoTime() - startWall) / 1e9, loopNs / 1e9,
-          expiryNs / 1e9, cpu[1] / 1e3, byName, cpu[0] / 1e3,
-          st.getTickerCount(TickerType.COMPACT_READ_BYTES) >> 20,
-          st.getTickerCount(TickerType.COMPACT_WRITE_BYTES) >> 20);
+      report(args, made, dropped + " dropped with their segments", startWall, loopNs, expiryNs, options.statistics());
       for (ColumnFamilyHandle h : live) {
         h.close();
       }
@@ -280,15 +285,7 @@ public final class RocksDBStateSim {
         }
         loopNs += bean.getCurrentThreadCpuTime() - t0;
       }
-      TreeMap<String, Long> byName = new TreeMap<>();
-      long[] cpu = threadCpuMs(byName);
-      Statistics st = options.statistics();
-      System.out.printf("%s: %d keys made, %d expired in %.1f s; CPU s: the loop %.1f (expiry %.1f), RocksDB's "
-          + "background %.1f %s, the process %.1f; compactions read %d MB and wrote %d MB%n",
-          String.join(" ", args), made, expired, (System.nanoTime() - startWall) / 1e9, loopNs / 1e9,
-          expiryNs / 1e9, cpu[1] / 1e3, byName, cpu[0] / 1e3,
-          st.getTickerCount(TickerType.COMPACT_READ_BYTES) >> 20,
-          st.getTickerCount(TickerType.COMPACT_WRITE_BYTES) >> 20);
+      report(args, made, expired + " expired", startWall, loopNs, expiryNs, options.statistics());
     }
   }
 }
