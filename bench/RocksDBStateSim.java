@@ -35,7 +35,7 @@ import org.rocksdb.WriteOptions;
  * the by-time index and deleted with their key's value (three deletes), then {@code rate} new keys each get
  * a read of the value (a miss), one value put and two timer puts, and one in nine of them a read of a recent
  * key (the repeats, a tenth of all events); a flush every {@code snapshot} seconds (Spark's snapshot). Keys are made in order, each after the
- * last, as bench/workload.py makes them. It prints the CPU of the loop's thread and of RocksDB's background
+ * last, as bench/workload.py makes them (or scattered). It prints the CPU of the loop's thread and of RocksDB's background
  * threads (flushes: rocksdb:high, compactions: rocksdb:low). Spark's own per-row work is not in it: a setting
  * that moves RocksDB's cost between the two must still be measured on the pipeline (bench/freshness.py).
  *
@@ -44,7 +44,8 @@ import org.rocksdb.WriteOptions;
  * the timers by key are seeked for each new key instead), segments=N (not transformWithState's layout: no timers;
  * each key's first time goes into the newest of N + 1 column families, each {@code window / N} seconds long, a
  * key is looked up in all of them, newest first, and the oldest is dropped whole as a new one opens, so nothing
- * is ever deleted key by key: what an operator of glasspipe's own could keep).
+ * is ever deleted key by key: what an operator of glasspipe's own could keep), scattered (keys scattered over the
+ * key space instead of made in order).
  */
 public final class RocksDBStateSim {
   private static final short VALUE = 1;
@@ -70,7 +71,14 @@ public final class RocksDBStateSim {
     return b.array();
   }
 
+  /** Keys scattered over the key space (16 hex digits, as bench/workload.py --scattered-keys makes them). */
+  private static boolean scattered = false;
+
   static String id(long n) {
+    if (scattered) {
+      String h = Long.toHexString(n * 0x9E3779B97F4A7C15L);
+      return "s-40000-" + "0000000000000000".substring(h.length()) + h;
+    }
     String d = Long.toString(n);
     return "s-40000-" + "000000000".substring(d.length()) + d;
   }
@@ -195,6 +203,7 @@ public final class RocksDBStateSim {
         case "none": compression = CompressionType.NO_COMPRESSION; break;
         case "timeronly": timerOnly = true; break;
         case "segments": segments = Integer.parseInt(kv[1]); break;
+        case "scattered": scattered = true; break;
         default: throw new IllegalArgumentException("unknown argument " + arg);
       }
     }

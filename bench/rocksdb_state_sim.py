@@ -8,6 +8,7 @@ around RocksDB is not in it.
 
     python bench/rocksdb_state_sim.py --seconds 180 --window 60 "" "wb=256" "trigger=8" "universal"
     python bench/rocksdb_state_sim.py --rate 45000 --window 120 --seconds 360 "" "segments=4"   # a layout by time
+    python bench/rocksdb_state_sim.py --rate 45000 --window 120 --seconds 360 "scattered" "scattered segments=4"
 """
 
 from __future__ import annotations
