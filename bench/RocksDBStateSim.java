@@ -213,27 +213,19 @@ public final class RocksDBStateSim {
     table.setBlockCache(new LRUCache(8L << 20));
     table.setFilterPolicy(new BloomFilter());
     table.setFormatVersion(5);
+    ColumnFamilyOptions cf = new ColumnFamilyOptions().setTableFormatConfig(table).setCompressionType(compression)
+        .setLevel0FileNumCompactionTrigger(trigger).setLevelCompactionDynamicLevelBytes(dynamic);
+    if (wbMB > 0) {
+      cf.setWriteBufferSize(wbMB << 20);
+    }
+    if (universal) {
+      cf.setCompactionStyle(CompactionStyle.UNIVERSAL);
+    }
     if (segments > 0) {
-      ColumnFamilyOptions cf = new ColumnFamilyOptions().setTableFormatConfig(table).setCompressionType(compression)
-          .setLevel0FileNumCompactionTrigger(trigger).setLevelCompactionDynamicLevelBytes(dynamic);
-      if (wbMB > 0) {
-        cf.setWriteBufferSize(wbMB << 20);
-      }
-      if (universal) {
-        cf.setCompactionStyle(CompactionStyle.UNIVERSAL);
-      }
       runSegments(dir, cf, rate, windowS, seconds, snapshotS, segments, args);
       return;
     }
-    Options options = new Options().setCreateIfMissing(true).setTableFormatConfig(table)
-        .setCompressionType(compression).setStatistics(new Statistics())
-        .setLevel0FileNumCompactionTrigger(trigger).setLevelCompactionDynamicLevelBytes(dynamic);
-    if (wbMB > 0) {
-      options.setWriteBufferSize(wbMB << 20);
-    }
-    if (universal) {
-      options.setCompactionStyle(CompactionStyle.UNIVERSAL);
-    }
+    Options options = new Options(new DBOptions().setCreateIfMissing(true).setStatistics(new Statistics()), cf);
     WriteOptions write = new WriteOptions().setDisableWAL(true);
     ReadOptions read = new ReadOptions();
     FlushOptions flush = new FlushOptions().setWaitForFlush(true);

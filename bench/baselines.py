@@ -36,7 +36,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
 from clickhouse_driver import Client
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -48,7 +47,7 @@ from plain_loop import BLOCK, run_loop
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import produce, run_to_end, sms_dedup_pipeline, write_pipeline
+from glasspipe_dev.pipelines import produce, run_to_end, sms_dedup_pipeline
 
 VARIANTS = ("plain", "nodedup", "dedup", "clickhouse")
 MAX_OFFSETS = 200_000  # kafka.maxOffsetsPerTrigger of the Spark runs, as bench/bulk.py
@@ -159,11 +158,8 @@ def warm_up_groups(b: Bench) -> None:
 
 def spark_run(b: Bench, name: str, dedup: bool) -> str:
     """``glasspipe run --available-now`` of the sms-dedup pipeline, with or without its deduplication."""
-    path = sms_dedup_pipeline(b.tmp, name, b.topic, max_rows=BLOCK, max_offsets=MAX_OFFSETS, seq_field=True)
-    if not dedup:
-        doc = yaml.safe_load(path.read_text())
-        del doc["spec"]["sources"][0]["deduplication"]
-        write_pipeline(doc, b.tmp, path.name)
+    path = sms_dedup_pipeline(b.tmp, name, b.topic, max_rows=BLOCK, max_offsets=MAX_OFFSETS, seq_field=True,
+                              dedup=dedup)
     started = time.time()
     done = run_to_end(path, b.kafka.bootstrap, f"127.0.0.1:{b.ch.port}", b.tmp / f"ckpt-{name}", timeout=7200)
     (b.tmp / f"{name}.log").write_text(done.stderr)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
+from clickhouse_driver import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
@@ -46,7 +46,7 @@ from glasspipe.api.durations import parse_duration_ms
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
-from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous, write_pipeline
+from glasspipe_dev.pipelines import sms_dedup_pipeline, start_continuous
 from glasspipe_dev.process import ServerProcess
 
 POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long (50 ms on average)
@@ -56,19 +56,14 @@ def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: d
                   window: str | None, max_offsets: int | None = None, dedup: bool = True) -> Path:
     # sent_at in epoch milliseconds too: its DateTime column (a timestamp field's default; ClickHouse 18.16
     # has no DateTime64) holds whole seconds, which made every latency read up to a second long
-    path = sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
+    return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
                               max_offsets=max_offsets, seq_field=True, spark_conf=spark_conf, window=window,
                               extra_columns=[{"name": "sent_ms", "expression": "unix_millis(sent_at)",
                                               "type": "Int64"}],
                               # sorted by seq, so that the poller's "seq > n" reads the newest rows only: sorted
                               # by sms_id, its query read the whole table ten times a second (~0.3 cores of
                               # ClickHouse at 2.4 M rows)
-                              order_by=["seq"])
-    if not dedup:  # the CRD allows a source without deduplication: the plan is then stateless
-        doc = yaml.safe_load(path.read_text())
-        del doc["spec"]["sources"][0]["deduplication"]
-        write_pipeline(doc, tmp, path.name)
-    return path
+                              order_by=["seq"], dedup=dedup)
 
 
 class Poller(threading.Thread):
@@ -154,15 +149,26 @@ def check_exact(ch: ClickHouseServer, table: str, firsts: int, window: str) -> t
     [(rows,)] = client.execute(f"SELECT count() FROM {table}")
     # in key buckets: the local server allows 2 GiB in all, less than a GROUP BY of 15 M keys takes
     n = rows // ROWS_PER_CHECK + 1
-    keys = with_seq = seqs = too_close = 0
+    keys = too_close = 0
     for i in range(n):
         [(k, tc)] = client.execute(
             f"SELECT count(), countIf(c > 1 AND span < (c - 1) * {w}) FROM (SELECT sms_id, count() AS c, "
             f"max(sent_ms) - min(sent_ms) AS span FROM {table} WHERE cityHash64(sms_id) % {n} = {i} GROUP BY sms_id)")
-        [(a, b)] = client.execute(f"SELECT count(), uniqExact(seq) FROM {table} WHERE seq > 0 AND seq % {n} = {i}")
-        keys, too_close, with_seq, seqs = keys + k, too_close + tc, with_seq + a, seqs + b
+        keys, too_close = keys + k, too_close + tc
+    with_seq, seqs = seq_counts(client, table, n)
     exact = keys == firsts == with_seq == seqs and too_close == 0
     return exact, rows, keys, rows - with_seq, too_close
+
+
+def seq_counts(client: Client, table: str, buckets: int) -> tuple[int, int]:
+    """(rows with a seq, distinct seqs) of ``table``, counted in ``buckets`` buckets of seq (memory: see
+    ROWS_PER_CHECK); first occurrences carry seq > 0, repeats -1."""
+    with_seq = seqs = 0
+    for i in range(buckets):
+        [(a, b)] = client.execute(
+            f"SELECT count(), uniqExact(seq) FROM {table} WHERE seq > 0 AND seq % {buckets} = {i}")
+        with_seq, seqs = with_seq + a, seqs + b
+    return with_seq, seqs
 
 
 def check_every_event(ch: ClickHouseServer, table: str, events: int, firsts: int) -> tuple[bool, int, int]:
@@ -170,11 +176,7 @@ def check_every_event(ch: ClickHouseServer, table: str, events: int, firsts: int
     ``events`` rows of which ``firsts`` carry a distinct seq (a repeat's seq is -1)."""
     client = ch.client()
     [(rows,)] = client.execute(f"SELECT count() FROM {table}")
-    n = rows // ROWS_PER_CHECK + 1
-    with_seq = seqs = 0
-    for i in range(n):
-        [(a, b)] = client.execute(f"SELECT count(), uniqExact(seq) FROM {table} WHERE seq > 0 AND seq % {n} = {i}")
-        with_seq, seqs = with_seq + a, seqs + b
+    with_seq, seqs = seq_counts(client, table, rows // ROWS_PER_CHECK + 1)
     return rows == events and with_seq == seqs == firsts, rows, seqs
 
 

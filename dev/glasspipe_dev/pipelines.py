@@ -35,12 +35,13 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
                        max_offsets: int | None = None, seq_field: bool = False,
                        spark_conf: dict[str, str] | None = None, window: str | None = None,
                        extra_columns: list[dict[str, str]] | None = None,
-                       order_by: list[str] | None = None) -> Path:
+                       order_by: list[str] | None = None, dedup: bool = True) -> Path:
     """examples/sms-dedup.yaml on ``topic`` into table ``name`` (dashes as underscores), dead letters to
     ``<topic>-dlq``: the pipeline the benchmarks and soak run; ``seq_field`` adds a ``seq`` long column.
     ``extra_columns``: sink columns after one per field, e.g. ``{"name": "sent_ms", "expression":
     "unix_millis(sent_at)", "type": "Int64"}`` (a ``timestamp`` field is a ``DateTime``: whole seconds).
-    ``order_by``: the table's sorting key (default: the deduplication key)."""
+    ``order_by``: the table's sorting key (default: the deduplication key). ``dedup=False``: the source without its
+    ``deduplication`` (the CRD allows that; the plan is then stateless), for the benchmarks' baselines."""
     doc = load_example("sms-dedup.yaml")
     doc["metadata"]["name"] = name
     spec = doc["spec"]
@@ -57,6 +58,8 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
         spec.setdefault("spark", {}).setdefault("conf", {}).update(spark_conf)
     if window is not None:
         source["deduplication"]["window"] = window
+    if not dedup:
+        del source["deduplication"]
     if order_by is not None:
         spec["sink"]["clickhouse"]["orderBy"] = order_by
     if extra_columns:
