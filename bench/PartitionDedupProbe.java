@@ -51,8 +51,9 @@ import org.rocksdb.WriteOptions;
  * in the live segments its window overlaps (bloom filters make a miss cheap), and a segment is dropped whole once
  * the newest event time of its partition is two windows past it. Exact only where the topic is partitioned by the
  * key (the benchmark's is: Kafka keys are the sms_id) and nothing fails: the state is not checkpointed (a flush of
- * every segment a minute and a changelog file a batch stand for a checkpoint's I/O), not versioned (a replayed
- * batch would find its own keys), and late rows are not flagged (it sees no watermark). Rows of a key within a
+ * every segment a minute and a changelog file a batch stand for a checkpoint's I/O), not versioned by batch (a
+ * row finds its own entry by its offset, so a batch computed twice keeps the same rows, but a batch replayed
+ * after a failure would not be undone), and late rows are not flagged (it sees no watermark). Rows of a key within a
  * batch are taken in offset order, not event-time order.
  */
 public final class PartitionDedupProbe {
@@ -62,7 +63,7 @@ public final class PartitionDedupProbe {
   private static final long FLUSH_EVERY_NS = 60_000_000_000L;
   private static final Map<String, PartitionState> STATES = new ConcurrentHashMap<>();
 
-  /** Same arguments as {@code io.glasspipe.spark.WindowDedup#deduplicate}; offsets and the late column unused. */
+  /** Same arguments as {@code io.glasspipe.spark.WindowDedup#deduplicate}; the late column is always false. */
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
@@ -77,7 +78,7 @@ public final class PartitionDedupProbe {
     int[] keyIndex = keys.stream().mapToInt(schema::fieldIndex).toArray();
     Probe probe = new Probe(UUID.randomUUID().toString(), keyIndex, schema.fieldIndex(eventTimeCol), windowMs,
         passthroughCol == null ? -1 : schema.fieldIndex(passthroughCol), schema.fieldIndex(partitionCol),
-        flagCol != null, lateCol != null);
+        schema.fieldIndex(offsetCol), flagCol != null, lateCol != null);
     return df.mapPartitions(probe, Encoders.row(out));
   }
 
@@ -90,17 +91,19 @@ public final class PartitionDedupProbe {
     private final long windowMs;
     private final int passthroughIndex;
     private final int partitionIndex;
+    private final int offsetIndex;
     private final boolean emitDropped;
     private final boolean lateColumn;
 
     Probe(String run, int[] keyIndex, int eventTimeIndex, long windowMs, int passthroughIndex, int partitionIndex,
-        boolean emitDropped, boolean lateColumn) {
+        int offsetIndex, boolean emitDropped, boolean lateColumn) {
       this.run = run;
       this.keyIndex = keyIndex;
       this.eventTimeIndex = eventTimeIndex;
       this.windowMs = windowMs;
       this.passthroughIndex = passthroughIndex;
       this.partitionIndex = partitionIndex;
+      this.offsetIndex = offsetIndex;
       this.emitDropped = emitDropped;
       this.lateColumn = lateColumn;
     }
@@ -122,7 +125,7 @@ public final class PartitionDedupProbe {
                   state = STATES.computeIfAbsent(run + "-" + row.getInt(partitionIndex),
                       name -> new PartitionState(name, windowMs));
                 }
-                duplicate = state.seen(key(row), t);
+                duplicate = state.seen(key(row), t, row.getLong(offsetIndex));
               }
             }
             if (emitDropped) {
@@ -198,7 +201,7 @@ public final class PartitionDedupProbe {
     private final WriteOptions write = new WriteOptions().setDisableWAL(true);
     private final ReadOptions read = new ReadOptions();
     private final NavigableMap<Long, ColumnFamilyHandle> segments = new TreeMap<>();
-    private final byte[] value = new byte[8];
+    private final byte[] value = new byte[16];
     private OutputStream changelog;
     private long newest = Long.MIN_VALUE;
     private long lastFlush = System.nanoTime();
@@ -225,17 +228,21 @@ public final class PartitionDedupProbe {
       }
     }
 
-    /** True when a first occurrence of {@code key} lies within a window of {@code t}; else records t as one. */
-    boolean seen(byte[] key, long t) {
+    /**
+     * True when a first occurrence of {@code key} lies within a window of {@code t}, other than the row at
+     * {@code offset} itself; else records t (and the offset) as one. The job may compute a batch more than once
+     * (an action per part), even in two tasks at a time: a row then finds its own entry and is kept again.
+     */
+    synchronized boolean seen(byte[] key, long t, long offset) {
       try {
         for (Map.Entry<Long, ColumnFamilyHandle> s
             : segments.subMap(Math.floorDiv(t - windowMs, segmentMs), true,
                 Math.floorDiv(t + windowMs, segmentMs), true).entrySet()) {
           byte[] got = db.get(s.getValue(), read, key);
           if (got != null) {
-            long first = decode(got);
+            long first = decode(got, 0);
             if (t > first - windowMs && t < first + windowMs) {
-              return true;
+              return decode(got, 8) != offset;
             }
           }
         }
@@ -245,7 +252,8 @@ public final class PartitionDedupProbe {
           h = db.createColumnFamily(new ColumnFamilyDescriptor(("s" + index).getBytes(StandardCharsets.UTF_8), cf));
           segments.put(index, h);
         }
-        encode(t);
+        encode(t, 0);
+        encode(offset, 8);
         db.put(h, write, key, value);
         log(key);
         newest = Math.max(newest, t);
@@ -269,7 +277,7 @@ public final class PartitionDedupProbe {
     }
 
     /** A batch's end: its changelog closed, a flush a minute, segments two windows behind the newest dropped. */
-    void endBatch() {
+    synchronized void endBatch() {
       try {
         if (changelog != null) {
           changelog.close();
@@ -291,19 +299,19 @@ public final class PartitionDedupProbe {
       }
     }
 
-    private void encode(long t) {
-      for (int i = 7; i >= 0; i--) {
-        value[i] = (byte) t;
-        t >>>= 8;
+    private void encode(long v, int at) {
+      for (int i = at + 7; i >= at; i--) {
+        value[i] = (byte) v;
+        v >>>= 8;
       }
     }
 
-    private static long decode(byte[] b) {
-      long t = 0;
-      for (int i = 0; i < 8; i++) {
-        t = (t << 8) | (b[i] & 0xFF);
+    private static long decode(byte[] b, int at) {
+      long v = 0;
+      for (int i = at; i < at + 8; i++) {
+        v = (v << 8) | (b[i] & 0xFF);
       }
-      return t;
+      return v;
     }
   }
 }
