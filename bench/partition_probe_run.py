@@ -1,10 +1,11 @@
 """``glasspipe run`` with bench/PartitionDedupProbe.java in place of the job's deduplication operator (a probe).
 
 Compiles the probe against pyspark's jars (cached by its source's hash), adds it to the session's jars and puts
-its ``deduplicate`` where ``glasspipe_job.jvm.deduplicate_within_window`` calls ``WindowDedup.deduplicate``;
-then runs the CLI with this script's arguments. For bench/freshness.py ``--variant partition-probe``: what
-deduplication costs with its state per Kafka partition, laid out by time, in the first stage. Not exactly-once
-(see the Java class), so never a pipeline's engine.
+its ``deduplicate`` where ``glasspipe_job.jvm.deduplicate_within_window`` calls ``WindowDedup.deduplicate``,
+keeps each Kafka partition's range of a batch in one Spark partition (the probe needs a partition's records in
+offset order, in one task); then runs the CLI with this script's arguments. For bench/freshness.py ``--variant
+partition-probe``: what deduplication costs with its state per Kafka partition, laid out by time, in the first
+stage. Not exactly-once (see the Java class), so never a pipeline's engine.
 
     python bench/partition_probe_run.py run PIPELINE.yaml --bootstrap-servers ... --clickhouse ... --checkpoint ...
 """
@@ -50,6 +51,7 @@ def probe_jar() -> Path:
 
 
 def main() -> int:
+    import glasspipe.api.models as models
     import glasspipe_job.jvm as jvm
 
     extra = str(probe_jar())
@@ -67,6 +69,10 @@ def main() -> int:
 
     jvm.jvm_ops_jar = with_probe
     jvm.deduplicate_within_window = probe_deduplicate
+    # One task per Kafka partition and batch: the job splits a large batch's Kafka ranges into several Spark
+    # partitions (maxRecordsPerPartition, so that a part reaches the driver in bounded memory), whose tasks may run
+    # at once and out of offset order, and a later record of a key would then win over its first occurrence.
+    models.records_per_partition = lambda max_offsets_per_trigger: max_offsets_per_trigger
     from glasspipe.cli import main as cli
 
     return int(cli(sys.argv[1:]) or 0)
