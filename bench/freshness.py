@@ -15,6 +15,7 @@ process (producer and poller) while offering, in cores.
 
     python bench/freshness.py --rates 1000,10000 --seconds 60
     python bench/freshness.py --rates 5000 --window 8h --max-rows 5000 --trigger 10s   # the peer's load-test shape
+    python bench/freshness.py --variant partition-probe --rates 50000 --window 8h --warmup 60 --warmup-rate 0
 """
 
 from __future__ import annotations

@@ -40,7 +40,14 @@ def series_name(r: dict[str, Any]) -> str:
         return f"plain loop, {r.get('trigger', '1s')} max delay, {warm}"
     if variant == "nodedup":
         return f"no dedup, {r.get('trigger', '1s')} trigger, {warm}"
-    return f"dedup, {r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window, {warm}"
+    what = "dedup per Kafka partition (probe)" if variant == "partition-probe" else "dedup"
+    keys = ", keys scattered" if r.get("scattered_keys") else ""
+    return f"{what}, {r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window{keys}, {warm}"
+
+
+def below(ax: Any, size: int) -> None:
+    """The legend under the axes, where it hides no point however many series there are."""
+    ax.legend(fontsize=size, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
 
 
 def fell_behind(r: dict[str, Any]) -> bool:
@@ -90,10 +97,9 @@ def main() -> int:
     ax.set_xlabel("offered events/s")
     ax.set_ylabel("delivered events/s (events / time until the last landed)")
     ax.set_title(f"{what}: delivered vs offered events/s" + suffix, fontsize=9)
-    ax.legend(fontsize=8)
+    below(ax, 8)
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(args.out / "throughput-vs-offered.png", dpi=100)
+    fig.savefig(args.out / "throughput-vs-offered.png", dpi=100, bbox_inches="tight")
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for name, rs in series.items():
@@ -105,10 +111,9 @@ def main() -> int:
     ax.axhline(2.0, color="grey", linestyle="--", linewidth=0.8, label="target: p99 < 2 s at 10,000 ev/s")
     ax.axhline(0.7, color="grey", linestyle=":", linewidth=0.8, label="target: p95 < 0.7 s at 10,000 ev/s")
     ax.set_title(f"{what}: end-to-end latency percentiles" + suffix, fontsize=9)
-    ax.legend(fontsize=7)
+    below(ax, 7)
     ax.grid(alpha=0.3, which="both")
-    fig.tight_layout()
-    fig.savefig(args.out / "latency-vs-offered.png", dpi=100)
+    fig.savefig(args.out / "latency-vs-offered.png", dpi=100, bbox_inches="tight")
     print(f"wrote {args.out / 'throughput-vs-offered.png'} and {args.out / 'latency-vs-offered.png'}")
     return 0
 
