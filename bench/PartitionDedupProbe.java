@@ -67,6 +67,9 @@ public final class PartitionDedupProbe {
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
+    if (partitionCol == null || offsetCol == null) {
+      throw new IllegalArgumentException("the probe needs the Kafka partition and offset columns");
+    }
     StructType schema = df.schema();
     StructType out = schema;
     if (flagCol != null) {
@@ -218,6 +221,8 @@ public final class PartitionDedupProbe {
           .setLevelCompactionDynamicLevelBytes(true);
       try {
         dir = Files.createTempDirectory("glasspipe-partition-probe-" + name).toFile();
+        // a run leaves a few GB of SST files: gone with the JVM (a SIGTERM runs the hooks; a SIGKILL does not)
+        Runtime.getRuntime().addShutdownHook(new Thread(() -> delete(dir)));
         List<ColumnFamilyHandle> handles = new ArrayList<>();
         db = RocksDB.open(new DBOptions().setCreateIfMissing(true), dir.getPath(),
             List.of(new ColumnFamilyDescriptor(RocksDB.DEFAULT_COLUMN_FAMILY, cf)), handles);
@@ -296,6 +301,18 @@ public final class PartitionDedupProbe {
         throw new UncheckedIOException(e);
       } catch (RocksDBException e) {
         throw new IllegalStateException(e);
+      }
+    }
+
+    private static void delete(File f) {
+      File[] children = f.listFiles();
+      if (children != null) {
+        for (File c : children) {
+          delete(c);
+        }
+      }
+      if (!f.delete()) {
+        System.err.println("could not delete " + f);
       }
     }
 

@@ -5,7 +5,8 @@ its ``deduplicate`` where ``glasspipe_job.jvm.deduplicate_within_window`` calls 
 keeps each Kafka partition's range of a batch in one Spark partition (the probe needs a partition's records in
 offset order, in one task); then runs the CLI with this script's arguments. For bench/freshness.py ``--variant
 partition-probe``: what deduplication costs with its state per Kafka partition, laid out by time, in the first
-stage. Not exactly-once (see the Java class), so never a pipeline's engine.
+stage. Not exactly-once (see the Java class), so never a pipeline's engine; single-source pipelines only (a join's
+sides keep ``transformWithState``).
 
     python bench/partition_probe_run.py run PIPELINE.yaml --bootstrap-servers ... --clickhouse ... --checkpoint ...
 """
