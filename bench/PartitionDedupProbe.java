@@ -8,8 +8,6 @@ import java.io.OutputStream;
 import java.io.UncheckedIOException;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
-import java.sql.Timestamp;
-import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Iterator;
 import java.util.List;
@@ -19,11 +17,11 @@ import java.util.TreeMap;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 
+import io.glasspipe.spark.DedupProcessor;
 import org.apache.spark.api.java.function.MapPartitionsFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
-import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructType;
 import org.rocksdb.BlockBasedTableConfig;
@@ -122,7 +120,7 @@ public final class PartitionDedupProbe {
             Row row = rows.next();
             boolean duplicate = false;
             if (passthroughIndex < 0 || row.isNullAt(passthroughIndex) || !row.getBoolean(passthroughIndex)) {
-              long t = eventMs(row);
+              long t = DedupProcessor.eventMillis(row.get(eventTimeIndex));
               if (t != Long.MIN_VALUE) {
                 if (state == null) {
                   state = STATES.computeIfAbsent(run + "-" + row.getInt(partitionIndex),
@@ -132,7 +130,7 @@ public final class PartitionDedupProbe {
               }
             }
             if (emitDropped) {
-              return flagged(row, duplicate);
+              return DedupProcessor.withFlags(row, duplicate, lateColumn, false);
             }
             if (!duplicate) {
               return row;
@@ -166,28 +164,6 @@ public final class PartitionDedupProbe {
       return b.toString().getBytes(StandardCharsets.UTF_8);
     }
 
-    private long eventMs(Row row) {
-      Object v = row.get(eventTimeIndex);
-      if (v instanceof Timestamp) {
-        return ((Timestamp) v).getTime();
-      }
-      if (v instanceof Instant) {
-        return ((Instant) v).toEpochMilli();
-      }
-      return Long.MIN_VALUE;
-    }
-
-    private Row flagged(Row row, boolean duplicate) {
-      Object[] values = new Object[row.length() + (lateColumn ? 2 : 1)];
-      for (int i = 0; i < row.length(); i++) {
-        values[i] = row.get(i);
-      }
-      values[row.length()] = duplicate;
-      if (lateColumn) {
-        values[row.length() + 1] = false;
-      }
-      return RowFactory.create(values);
-    }
   }
 
   /** One Kafka partition's state: a RocksDB with a column family per segment of event time. */

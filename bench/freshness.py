@@ -47,7 +47,7 @@ from glasspipe.api.durations import parse_duration_ms
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
-from glasspipe_dev.pipelines import run_argv, sms_dedup_pipeline, start_continuous
+from glasspipe_dev.pipelines import CLI, sms_dedup_pipeline, start_continuous
 from glasspipe_dev.process import ServerProcess
 
 POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long (50 ms on average)
@@ -123,6 +123,7 @@ VARIANTS = {"dedup": "glasspipe, the sms-dedup pipeline",
             "plain": "the plain loop (bench/plain_loop.py, no deduplication): issue 15's reference",
             "partition-probe": "the sms-dedup pipeline with bench/PartitionDedupProbe.java in place of its "
                                "deduplication operator (state per Kafka partition, by time; a probe, not durable)"}
+DEDUPLICATING = {"dedup", "partition-probe"}  # exact = each first occurrence once; else every event once
 
 
 def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table: str, trigger: str, max_rows: int,
@@ -264,18 +265,16 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         job = start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")
     else:
         path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
-                             dedup=variant != "nodedup")
+                             dedup=variant in DEDUPLICATING)
         # with --jfr, deep stacks, so that samples keep their Spark operator
         env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else {}
         if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
             env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))
-        if variant == "partition-probe":  # the same command line, through bench/partition_probe_run.py
-            argv = [sys.executable, str(Path(__file__).with_name("partition_probe_run.py")),
-                    *run_argv(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}")[3:]]
-            job = ServerProcess("glasspipe-run", argv, tmp / f"{table}.log", env=env or None).start()
-        else:
-            job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
-                                   tmp / f"{table}.log", env=env or None)
+        # the probe: the same command line, through bench/partition_probe_run.py
+        launcher = (sys.executable, str(Path(__file__).with_name("partition_probe_run.py"))) \
+            if variant == "partition-probe" else CLI
+        job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
+                               tmp / f"{table}.log", env=env or None, launcher=launcher)
     try:
         workload = Workload(seed=int(rate), scattered_keys=scattered_keys)
         # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
@@ -307,7 +306,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.stop.set()
         poller.join()
         lat, sent = poller.values(since=began)
-        if variant in ("dedup", "partition-probe"):
+        if variant in DEDUPLICATING:
             exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts, window or "5m")
             checked = (f"{rows} rows, {distinct} keys, {workload.firsts} first occurrences, {reopened} repeats a "
                        f"window or more after their key's first row, {too_close} keys with two rows less than a "

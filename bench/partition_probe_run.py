@@ -32,9 +32,11 @@ PROBE = Path(__file__).resolve().with_name("PartitionDedupProbe.java")
 ENTRY = "io.glasspipe.bench.PartitionDedupProbe"
 
 
-def probe_jar() -> Path:
-    """The probe compiled into $GLASSPIPE_CACHE/partition-probe/<hash>/probe.jar (once per source)."""
-    digest = hashlib.sha256(PROBE.read_bytes() + pyspark.__version__.encode()).hexdigest()[:16]
+def probe_jar(ops_jar: str) -> Path:
+    """The probe compiled against pyspark's jars and the job's operators jar (it reads event times and flags rows
+    with ``DedupProcessor``'s code), into $GLASSPIPE_CACHE/partition-probe/<hash>/probe.jar: once per source and
+    operators jar (whose path holds the hash of its sources)."""
+    digest = hashlib.sha256(PROBE.read_bytes() + pyspark.__version__.encode() + ops_jar.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("GLASSPIPE_CACHE", Path.home() / ".cache" / "glasspipe"))
     jar = cache / "partition-probe" / digest / "probe.jar"
     if jar.is_file():
@@ -42,7 +44,7 @@ def probe_jar() -> Path:
     bin_dir = Path(java_binary()).parent
     jars = Path(pyspark.__file__).parent / "jars"
     with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([str(bin_dir / "javac"), "--release", "17", "-encoding", "UTF-8", "-cp", f"{jars}/*",
+        subprocess.run([str(bin_dir / "javac"), "--release", "17", "-encoding", "UTF-8", "-cp", f"{jars}/*:{ops_jar}",
                         "-d", f"{tmp}/classes", str(PROBE)], check=True)
         jar.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(bin_dir / "jar"), "--create", "--file", f"{tmp}/probe.jar", "-C", f"{tmp}/classes", "."],
@@ -55,11 +57,8 @@ def main() -> int:
     import glasspipe.api.models as models
     import glasspipe_job.jvm as jvm
 
-    extra = str(probe_jar())
-    ops_jar = jvm.jvm_ops_jar
-
-    def with_probe() -> str:
-        return f"{ops_jar()},{extra}"
+    ops_jar = jvm.jvm_ops_jar()
+    with_probe = f"{ops_jar},{probe_jar(ops_jar)}"
 
     def probe_deduplicate(df: Any, keys: list[str], event_time_col: str, window_seconds: float,
                           flag_col: str | None = None, passthrough_col: str | None = None,
@@ -68,7 +67,7 @@ def main() -> int:
         return jvm._call_static(df, ENTRY, "deduplicate", list(keys), event_time_col, round(window_seconds * 1000),
                                 flag_col, passthrough_col, partition_col, offset_col, late_col)
 
-    jvm.jvm_ops_jar = with_probe
+    jvm.jvm_ops_jar = lambda: with_probe
     jvm.deduplicate_within_window = probe_deduplicate
     # One task per Kafka partition and batch: the job splits a large batch's Kafka ranges into several Spark
     # partitions (maxRecordsPerPartition, so that a part reaches the driver in bounded memory), whose tasks may run

@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +68,14 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
     return write_pipeline(doc, directory, f"{name}.yaml")
 
 
-def run_argv(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "glasspipe.cli", "run", str(pipeline), "--bootstrap-servers", bootstrap,
+CLI = (sys.executable, "-m", "glasspipe.cli")
+
+
+def run_argv(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, *extra: str,
+             launcher: Sequence[str] = CLI) -> list[str]:
+    """``glasspipe run`` of ``pipeline``; ``launcher``: the program that takes the CLI's arguments (e.g. a bench
+    script that wraps the CLI)."""
+    return [*launcher, "run", str(pipeline), "--bootstrap-servers", bootstrap,
             "--clickhouse", clickhouse, "--checkpoint", str(checkpoint), *extra]
 
 
@@ -84,11 +90,11 @@ def run_to_end(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path
 
 
 def start_continuous(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, log: Path,
-                     *extra: str, env: dict[str, str] | None = None) -> ServerProcess:
+                     *extra: str, env: dict[str, str] | None = None, launcher: Sequence[str] = CLI) -> ServerProcess:
     """A long-running job (processing-time trigger) in its own process group, killable at any time; ``env`` is
     added to this process's environment."""
-    return ServerProcess("glasspipe-run", run_argv(pipeline, bootstrap, clickhouse, checkpoint, *extra), log,
-                         env=env).start()
+    return ServerProcess("glasspipe-run", run_argv(pipeline, bootstrap, clickhouse, checkpoint, *extra,
+                                                   launcher=launcher), log, env=env).start()
 
 
 def totals(stdout: str) -> str:

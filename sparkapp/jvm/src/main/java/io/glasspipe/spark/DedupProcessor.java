@@ -101,26 +101,36 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   }
 
   private long eventMs(Row row) {
-    Object v = row.get(eventTimeIndex);
+    return eventMillis(row.get(eventTimeIndex));
+  }
+
+  /**
+   * A TIMESTAMP value (a {@link Timestamp} or an {@link Instant}) in epoch milliseconds; {@code Long.MIN_VALUE}
+   * for NULL, which cannot be placed in any window and so counts as its own occurrence. Public for
+   * bench/PartitionDedupProbe.java, which reads event times as this operator does.
+   */
+  public static long eventMillis(Object v) {
     if (v instanceof Timestamp) {
       return ((Timestamp) v).getTime();
     }
     if (v instanceof Instant) {
       return ((Instant) v).toEpochMilli();
     }
-    // A NULL event time cannot be placed in any window: treat it as its own occurrence.
     return Long.MIN_VALUE;
   }
 
-  /** The row plus its duplicate flag (and, with {@code flagLate}, its late flag). */
   private Row flagged(Row row, boolean duplicate, boolean late) {
-    int extra = flagLate ? 2 : 1;
-    Object[] values = new Object[row.length() + extra];
+    return withFlags(row, duplicate, flagLate, late);
+  }
+
+  /** The row plus its duplicate flag (and, with {@code withLate}, its late flag): this operator's output row. */
+  public static Row withFlags(Row row, boolean duplicate, boolean withLate, boolean late) {
+    Object[] values = new Object[row.length() + (withLate ? 2 : 1)];
     for (int i = 0; i < row.length(); i++) {
       values[i] = row.get(i);
     }
     values[row.length()] = duplicate;
-    if (flagLate) {
+    if (withLate) {
       values[row.length() + 1] = late;
     }
     return RowFactory.create(values);
