@@ -80,9 +80,9 @@ def run_argv(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, 
 
 
 def run_to_end(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, *extra: str,
-               timeout: float = 600) -> subprocess.CompletedProcess[str]:
+               timeout: float = 600, launcher: Sequence[str] = CLI) -> subprocess.CompletedProcess[str]:
     """Process what is in the topics now (availableNow) and stop; raise with the logs on failure."""
-    argv = run_argv(pipeline, bootstrap, clickhouse, checkpoint, "--available-now", *extra)
+    argv = run_argv(pipeline, bootstrap, clickhouse, checkpoint, "--available-now", *extra, launcher=launcher)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"glasspipe run failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}")
