@@ -54,7 +54,8 @@ POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long 
 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,
-                  window: str | None, max_offsets: int | None = None, dedup: bool = True) -> Path:
+                  window: str | None, max_offsets: int | None = None, dedup: bool = True,
+                  per_kafka_partition: bool = False) -> Path:
     # sent_at in epoch milliseconds too: its DateTime column (a timestamp field's default; ClickHouse 18.16
     # has no DateTime64) holds whole seconds, which made every latency read up to a second long
     return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
@@ -64,7 +65,7 @@ def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: d
                               # sorted by seq, so that the poller's "seq > n" reads the newest rows only: sorted
                               # by sms_id, its query read the whole table ten times a second (~0.3 cores of
                               # ClickHouse at 2.4 M rows)
-                              order_by=["seq"], dedup=dedup)
+                              order_by=["seq"], dedup=dedup, per_kafka_partition=per_kafka_partition)
 
 
 class Poller(threading.Thread):
@@ -123,10 +124,12 @@ VARIANTS = {"dedup": "glasspipe, the sms-dedup pipeline",
             "plain": "the plain loop (bench/plain_loop.py, no deduplication): issue 15's reference",
             "partition-probe": "the sms-dedup pipeline with bench/PartitionDedupProbe.java in place of its "
                                "deduplication operator (state per Kafka partition, by time; a probe, not durable)",
+            "dedup-partition": "glasspipe, the sms-dedup pipeline with deduplication.perKafkaPartition (the "
+                               "topic is partitioned by the key)",
             "statestore-probe": "the same probe's state kept in Spark's state store (bench/StateStoreDedupProbe.java: "
                                 "versioned by batch, checkpointed; no late rows)"}
-DEDUPLICATING = {"dedup", "partition-probe", "statestore-probe"}  # exact = each first occurrence once; else every
-# event once
+# exact = each first occurrence once; else every event once
+DEDUPLICATING = {"dedup", "dedup-partition", "partition-probe", "statestore-probe"}
 
 
 def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table: str, trigger: str, max_rows: int,
@@ -268,7 +271,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         job = start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")
     else:
         path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
-                             dedup=variant in DEDUPLICATING)
+                             dedup=variant in DEDUPLICATING, per_kafka_partition=variant == "dedup-partition")
         # with --jfr, deep stacks, so that samples keep their Spark operator
         env = {"JAVA_TOOL_OPTIONS": "-XX:FlightRecorderOptions=stackdepth=1024"} if jfr is not None else {}
         if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B

@@ -34,6 +34,7 @@ from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
 from glasspipe_job.handover import CheckpointFiles, Offsets, merge_offsets, records_between
+from glasspipe_job.jvm import set_batch_watermark
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
 from glasspipe_job.transform import (
@@ -144,7 +145,9 @@ class BatchWriter:
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         files = CheckpointFiles(df.sparkSession, self.checkpoint)
-        offsets = files.offset_log(batch_id)
+        offsets, watermark = files.offset_log_and_watermark(batch_id)
+        # for deduplication per Kafka partition, whose tasks flag late rows and expire state by it (jvm.py)
+        set_batch_watermark(df.sparkSession, watermark)
         seen = _BatchCounts()
         # The batch's Spark job starts now, in the worker, while the sink looks the batch up in its ledger and
         # announces it there.

@@ -217,6 +217,13 @@ def parse_offset_log(text: str) -> list[dict[str, dict[str, int]]]:
     return [json.loads(line) if line and line != "-" else {} for line in lines]
 
 
+def parse_batch_watermark(text: str) -> int:
+    """The watermark of a batch (epoch ms) from its offset log entry's metadata line: the one Spark's stateful
+    operators use for the batch (0 before any event time)."""
+    lines = text.splitlines()
+    return int(json.loads(lines[1]).get("batchWatermarkMs", 0)) if len(lines) > 1 and lines[1] else 0
+
+
 class CheckpointFiles:
     """Small files next to a Spark checkpoint, through Hadoop's FileSystem (file://, s3a://, hdfs://)."""
 
@@ -280,6 +287,11 @@ class CheckpointFiles:
     def offset_log(self, batch_id: int) -> list[dict[str, dict[str, int]]]:
         """End offsets of a batch, one dict per source, from Spark's write-ahead offset log."""
         return parse_offset_log(self.read(f"offsets/{batch_id}"))
+
+    def offset_log_and_watermark(self, batch_id: int) -> tuple[list[dict[str, dict[str, int]]], int]:
+        """``offset_log`` and the batch's watermark, from one read of its entry."""
+        text = self.read(f"offsets/{batch_id}")
+        return parse_offset_log(text), parse_batch_watermark(text)
 
     def set_aside(self) -> str:
         """Rename the checkpoint folder out of the way (kept for inspection, never reused)."""

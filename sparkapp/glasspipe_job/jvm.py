@@ -102,6 +102,44 @@ def deduplicate_within_window(
                         passthrough_col, partition_col, offset_col, late_col)
 
 
+def deduplicate_per_kafka_partition(
+    df: DataFrame,
+    keys: list[str],
+    event_time_col: str,
+    window_seconds: float,
+    *,
+    flag_col: str,
+    late_col: str,
+    passthrough_col: str | None,
+    partition_col: str,
+    offset_col: str,
+    state_root: str,
+) -> DataFrame:
+    """Deduplication as ``deduplicate_within_window`` (every row kept, flagged in ``flag_col`` and ``late_col``),
+    but per Kafka partition in the first stage (``io.glasspipe.spark.PartitionDedup``): no shuffle, no sort, no
+    ``transformWithState``; a store of Spark's per Kafka partition under ``state_root``, versioned by batch. Exact
+    only when every record of a key is in one Kafka partition; within a partition the first row to arrive wins.
+    Late rows are flagged against the batch's watermark, which the driver sets before each batch's job
+    (``set_batch_watermark``)."""
+    if not keys:
+        raise ValueError("deduplicate_per_kafka_partition needs at least one key column")
+    window_ms = round(window_seconds * 1000)
+    if window_ms <= 0:
+        raise ValueError(f"window_seconds must be positive, got {window_seconds}")
+    return _call_static(df, PARTITION_DEDUP_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
+                        passthrough_col, partition_col, offset_col, late_col, state_root)
+
+
+PARTITION_DEDUP_ENTRY = "io.glasspipe.spark.PartitionDedup"
+BATCH_WATERMARK_PROPERTY = "glasspipe.batchWatermarkMs"  # io.glasspipe.spark.PartitionDedup.WATERMARK_PROPERTY
+
+
+def set_batch_watermark(spark: Any, watermark_ms: int) -> None:
+    """The batch's watermark for the tasks of the jobs this thread starts (``deduplicate_per_kafka_partition``
+    flags rows below it late and expires its state by it): a Spark local property."""
+    spark.sparkContext.setLocalProperty(BATCH_WATERMARK_PROPERTY, str(watermark_ms))
+
+
 def parse_json_values(df: DataFrame, value_col: str, out_col: str, schema: Any, corrupt_col: str) -> DataFrame:
     """``df`` with ``out_col`` = the BINARY ``value_col`` parsed by the struct ``schema``, exactly as
     ``from_json(CAST(value_col AS STRING), schema, {mode: PERMISSIVE, columnNameOfCorruptRecord:

@@ -34,6 +34,7 @@ from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import (
     batch_bound,
     parse_and_check,
+    per_kafka_partition,
     read_kafka,
     select_output,
     source_rows,
@@ -120,7 +121,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     owned: ho.Offsets = {}
     for a in assignments:
         owned.update(a.owned)
-    plan = JOIN_STATE_PLAN if config.spec.join is not None else ""
+    plan = state_plan(config)
     if previous is not None and previous.plan != plan:
         log.warning("checkpoint %s holds the state of another plan (%r, this job runs %r; see docs/operations.md, "
                     "Upgrading glasspipe): set aside as %s", config.checkpoint_dir, previous.plan, plan,
@@ -160,6 +161,20 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     return decision, fence
 
 
+# Recorded in the hand-over record as the plan of a checkpoint whose source deduplicates per Kafka partition: its
+# state is not transformWithState's, so a checkpoint of the other kind is set aside (and the state rebuilt by the
+# hand-over's warm-up) when deduplication.perKafkaPartition changes.
+PARTITION_DEDUP_PLAN = "dedup-per-kafka-partition/1"
+PARTITION_DEDUP_STATE = "dedup-per-kafka-partition"  # its stores' folder in the query's checkpoint
+
+
+def state_plan(config: JobConfig) -> str:
+    """The shape of the query's state, recorded with each checkpoint (handover.Handover.plan)."""
+    if config.spec.join is not None:
+        return JOIN_STATE_PLAN
+    return PARTITION_DEDUP_PLAN if per_kafka_partition(config.spec.sources[0]) else ""
+
+
 def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, decision: ho.Handover) -> DataFrame:
     """One source's rows after parsing and checks (stateless; warm-up rows flagged)."""
     topic = a.source.kafka.topic
@@ -178,7 +193,9 @@ def output_stream(spark: SparkSession, config: JobConfig, assignments: list[Sour
     groups with the offset log, which lists the join's sources left first."""
     if config.spec.join is None:
         [a] = assignments
-        return select_output(source_rows(parsed_stream(spark, config, a, decision), a.source), config)
+        state_root = f"{config.checkpoint_dir.rstrip('/')}/{PARTITION_DEDUP_STATE}/{a.source.name}"
+        return select_output(source_rows(parsed_stream(spark, config, a, decision), a.source,
+                                         state_root=state_root), config)
     order = [s.name for s in join_sides(config)]
     assignments.sort(key=lambda a: order.index(a.source.name))
     parsed = {a.source.name: parsed_stream(spark, config, a, decision) for a in assignments}

@@ -118,10 +118,18 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
         log.info("source %s: at most %d records per micro-batch (driver max heap %d MiB; set "
                  "kafka.maxOffsetsPerTrigger to change it)", source.name, bound, driver_heap >> 20)
     reader = reader.option("maxOffsetsPerTrigger", str(bound))
-    # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition
-    # holds more than an eighth of the batch, however few Kafka partitions the records come from.
-    reader = reader.option("maxRecordsPerPartition", str(models.records_per_partition(bound)))
+    if not per_kafka_partition(source):
+        # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition
+        # holds more than an eighth of the batch, however few Kafka partitions the records come from.
+        # Deduplication per Kafka partition needs each partition's range in one task: the driver then receives a
+        # Kafka partition's range at a time (docs/operations.md, Catching up).
+        reader = reader.option("maxRecordsPerPartition", str(models.records_per_partition(bound)))
     return reader.load()
+
+
+def per_kafka_partition(source: models.Source) -> bool:
+    """Whether the source deduplicates per Kafka partition (jvm.deduplicate_per_kafka_partition)."""
+    return source.deduplication is not None and source.deduplication.per_kafka_partition
 
 
 def batch_bound(config: JobConfig, source: models.Source, heap: int) -> int:
@@ -217,23 +225,33 @@ def observe_counts(df: DataFrame, name: str) -> DataFrame:
     )
 
 
-def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = False) -> DataFrame:
+def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = False,
+                state_root: str | None = None) -> DataFrame:
     """Watermark on event time, then first-occurrence-wins dedup (dead rows pass through untouched).
 
     With ``dead_letter_late`` (nothing stateful follows: the single-topic path), late rows become dead
     rows with reason ``late`` instead of being dropped by Spark; the result then carries no watermark.
+    A source deduplicated per Kafka partition keeps its state under ``state_root`` (single-topic path only).
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
     df = df.where(F.col(STATUS) != "filtered").withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
     if source.deduplication is None:
         return df.withColumn(DUPLICATE, F.lit(False))
-    from glasspipe_job.jvm import deduplicate_within_window
+    from glasspipe_job.jvm import deduplicate_per_kafka_partition, deduplicate_within_window
 
     window_s = parse_duration_ms(source.deduplication.window) / 1000
-    out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
-                                    flag_col=DUPLICATE, passthrough_col=DEAD,
-                                    partition_col="_gp_partition", offset_col="_gp_offset",
-                                    late_col=LATE if dead_letter_late else None)
+    if per_kafka_partition(source):
+        if not dead_letter_late or state_root is None:
+            raise ValueError("deduplication per Kafka partition is for a single source, with a state root")
+        out = deduplicate_per_kafka_partition(df, list(source.deduplication.keys), EVENT_TIME, window_s,
+                                              flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE,
+                                              partition_col="_gp_partition", offset_col="_gp_offset",
+                                              state_root=state_root)
+    else:
+        out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
+                                        flag_col=DUPLICATE, passthrough_col=DEAD,
+                                        partition_col="_gp_partition", offset_col="_gp_offset",
+                                        late_col=LATE if dead_letter_late else None)
     if not dead_letter_late:
         return out
     return (out.withColumn(STATUS, F.when(F.col(LATE), F.lit("dead")).otherwise(F.col(STATUS)))
@@ -286,17 +304,19 @@ def with_dead_flag(df: DataFrame) -> DataFrame:
     return df.withColumn(DEAD, F.col(STATUS) == "dead")
 
 
-def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence[str] | None = None) -> DataFrame:
+def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence[str] | None = None,
+                state_root: str | None = None) -> DataFrame:
     """One source's rows after ``parse_and_check``: counted (``observe``), filtered, deduplicated.
 
-    Alone (single-topic path) dead rows pass through flagged and late rows become dead rows. Before a
-    join (``join_keys``: this side's join keys) dead rows come out flagged in ``DEAD`` and late rows in
-    ``LATE`` with their reason, for the join operator to pass through to the dead-letter topic.
+    Alone (single-topic path) dead rows pass through flagged and late rows become dead rows; ``state_root``:
+    where deduplication per Kafka partition keeps its state. Before a join (``join_keys``: this side's join
+    keys) dead rows come out flagged in ``DEAD`` and late rows in ``LATE`` with their reason, for the join
+    operator to pass through to the dead-letter topic.
     """
     rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
     if join_keys is not None:
         return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys)
-    return deduplicate(with_dead_flag(rows), source, dead_letter_late=True)
+    return deduplicate(with_dead_flag(rows), source, dead_letter_late=True, state_root=state_root)
 
 
 def select_output(df: DataFrame, config: JobConfig) -> DataFrame:

@@ -38,8 +38,14 @@ def sms(sms_id: str, status: str, at: datetime, **extra: Any) -> tuple[bytes, by
     return sms_id.encode(), dumps(doc)
 
 
+# The two deduplication engines: transformWithState across partitions (the default) and per Kafka partition
+# (deduplication.perKafkaPartition; the records of these tests are keyed by sms_id, so the topic is partitioned by
+# the deduplication key).
+ENGINES = pytest.mark.parametrize("per_partition", [False, True], ids=["by-key", "per-kafka-partition"])
+
+
 def pipeline(tmp_path: Path, kafka: KafkaServer, partitions: int = 4, max_per_trigger: int | None = None,
-             **batching: Any) -> tuple[Path, str, str]:
+             per_partition: bool = False, **batching: Any) -> tuple[Path, str, str]:
     """The sms-dedup example on fresh topics and a fresh table; returns (file, topic, table)."""
     suffix = uuid.uuid4().hex[:8]
     topic, table = f"sms-{suffix}", f"sms_{suffix}"
@@ -49,6 +55,8 @@ def pipeline(tmp_path: Path, kafka: KafkaServer, partitions: int = 4, max_per_tr
     doc["metadata"]["name"] = f"sms-{suffix}"
     spec = doc["spec"]
     spec["sources"][0]["kafka"]["topic"] = topic
+    if per_partition:
+        spec["sources"][0]["deduplication"]["perKafkaPartition"] = True
     if max_per_trigger:
         spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = max_per_trigger
     spec["sink"]["clickhouse"]["table"] = table
@@ -61,10 +69,11 @@ def run(path: Path, kafka: KafkaServer, ch: ClickHouseServer, checkpoint: Path, 
     return totals(run_to_end(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", checkpoint, *extra).stdout)
 
 
+@ENGINES
 def test_100k_events_with_20_percent_duplicates_land_exactly_once(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
 ) -> None:
-    path, topic, table = pipeline(tmp_path, kafka)
+    path, topic, table = pipeline(tmp_path, kafka, per_partition=per_partition)
     rng = random.Random(1)
     uniques = 80_000
     records = [sms(f"id-{i:06d}", "first", T0 + timedelta(milliseconds=5 * i)) for i in range(uniques)]
@@ -89,8 +98,10 @@ def test_100k_events_with_20_percent_duplicates_land_exactly_once(
     assert clickhouse.client().execute(f"SELECT count() FROM {table}")[0][0] == uniques
 
 
-def test_window_expiry_accepts_a_key_again(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
-    path, topic, table = pipeline(tmp_path, kafka, partitions=1)
+@ENGINES
+def test_window_expiry_accepts_a_key_again(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer,
+                                          per_partition: bool) -> None:
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1, per_partition=per_partition)
     produce(kafka.bootstrap, topic, [
         sms("a", "first", T0),
         sms("a", "inside", T0 + timedelta(minutes=4, seconds=59)),  # < 5 m after the first: dropped
@@ -149,12 +160,13 @@ def test_a_far_future_event_time_costs_no_later_record(
     assert dead["broken"] == "missing_key: sms_id", dead
 
 
+@ENGINES
 def test_a_straggler_more_than_a_window_before_the_first_is_not_a_duplicate(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
 ) -> None:
     """Issue #14: with allowedLateness above the window, a record of a key arriving later but more than a
     window *earlier* than the key's first occurrence is a new occurrence, not a duplicate."""
-    path, topic, table = pipeline(tmp_path, kafka, partitions=1)
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1, per_partition=per_partition)
     edit_source(path, allowedLateness="1h")  # the example's window is 5m
     produce(kafka.bootstrap, topic, [sms("a", "first", T0 + timedelta(minutes=30))])
     run(path, kafka, clickhouse, tmp_path / "ckpt")
@@ -229,10 +241,12 @@ def test_a_value_that_does_not_cast_to_its_column_goes_to_the_dead_letter_topic_
         assert headers["glasspipe.source.topic"].decode() == topic
 
 
+@ENGINES
 def test_sigkill_at_random_moments_loses_and_doubles_nothing(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
 ) -> None:
-    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=1500, maxRows=1000, maxDelay="200ms")
+    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=1500, per_partition=per_partition, maxRows=1000,
+                                  maxDelay="200ms")
     rng = random.Random(5)
     uniques = 30_000
     records = [sms(f"c-{i:06d}", "first", T0 + timedelta(milliseconds=20 * i)) for i in range(uniques)]
@@ -318,3 +332,28 @@ def test_a_key_in_two_partitions_is_reported(tmp_path: Path, kafka: KafkaServer,
     assert "keys in two partitions 1" in summary, summary
     assert clickhouse.client().execute(f"SELECT sms_id, status FROM {table} ORDER BY sms_id") == [
         ("x", "first"), ("y", "first")]
+
+
+def test_turning_per_kafka_partition_on_rebuilds_the_state_from_the_topic(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """deduplication.perKafkaPartition changes the shape of the state: the checkpoint of the other engine is set
+    aside and the new one's state rebuilt by the hand-over's warm-up, so repeats of keys written before the change
+    are still duplicates."""
+    path, topic, table = pipeline(tmp_path, kafka)
+    produce(kafka.bootstrap, topic, [sms(f"k-{i}", "first", T0 + timedelta(seconds=i)) for i in range(1000)])
+    first = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 1000," in first, first
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["sources"][0]["deduplication"]["perKafkaPartition"] = True
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    produce(kafka.bootstrap, topic, [
+        *[sms(f"k-{i}", "repeat", T0 + timedelta(seconds=i, milliseconds=500)) for i in range(1000)],
+        *[sms(f"n-{i}", "first", T0 + timedelta(seconds=1000 + i)) for i in range(100)],
+    ])
+    second = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "duplicates dropped 1000," in second and "rows written 100," in second, second
+    assert clickhouse.client().execute(
+        f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0] == (1100, 1100, 0)
+    assert "warm-up rows 1000," in second, second  # the state was rebuilt from the records written before
+    assert [p.name for p in (tmp_path / "ckpt").glob("*.superseded-*")] == ["replica-0-of-1.superseded-0"]

@@ -188,3 +188,12 @@ def test_a_rolled_back_batch_is_no_progress_even_if_its_writer_wrote_done_later(
     from glasspipe_job.handover import ledger_progress
 
     assert ledger_progress(rows) == {"t": {0: 10}}
+
+
+def test_a_batch_watermark_is_read_from_its_offset_log_entry() -> None:
+    from glasspipe_job.handover import parse_batch_watermark
+
+    entry = ('v1\n{"batchWatermarkMs":1795790000123,"batchTimestampMs":1795790060000,"conf":{}}\n'
+             '{"sms":{"0":42}}\n')
+    assert parse_batch_watermark(entry) == 1_795_790_000_123
+    assert parse_batch_watermark('v1\n{"batchTimestampMs":1}\n{"sms":{"0":42}}\n') == 0  # no event time yet

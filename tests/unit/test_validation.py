@@ -276,3 +276,18 @@ def test_every_security_setting_is_accepted() -> None:
             sec.pop("tls")
         doc["spec"]["sources"][0]["kafka"]["security"] = sec
         assert validate_resource(doc)[0].sources[0].kafka.security.protocol == protocol
+
+
+def test_per_kafka_partition_deduplication_is_not_for_a_join() -> None:
+    doc = load("orders-users-join.yaml")
+    doc["spec"]["sources"][0]["deduplication"] = {"keys": ["order_id"], "window": "5m", "perKafkaPartition": True}
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sources[0].deduplication.perKafkaPartition: is not for a joined source")
+    assert "remove it or the join" in msg
+
+
+def test_per_kafka_partition_deduplication_is_valid_alone() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["deduplication"]["perKafkaPartition"] = True
+    spec, _ = validate_resource(doc)
+    assert spec.sources[0].deduplication is not None and spec.sources[0].deduplication.per_kafka_partition

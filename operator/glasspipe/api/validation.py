@@ -287,6 +287,11 @@ class _Checker:
                     self.add(f"spec.join.right.keys[{j}]", f"type {rf.type} of {rk!r} differs from {lf.type} of "
                              f"{lk!r} on the left; declare both keys with one type")
         self.check_window("spec.join.window", join.window, models.MAX_JOIN_WINDOW)
+        for i, source in enumerate(self.spec.sources):
+            if source.deduplication is not None and source.deduplication.per_kafka_partition:
+                self.add(f"spec.sources[{i}].deduplication.perKafkaPartition",
+                         "is not for a joined source (the join's sides deduplicate by key across partitions): "
+                         "remove it or the join")
 
     # -- columns
 

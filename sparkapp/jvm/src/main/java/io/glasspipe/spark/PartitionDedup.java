@@ -1,0 +1,335 @@
+package io.glasspipe.spark;
+
+import java.io.ByteArrayOutputStream;
+import java.io.IOException;
+import java.io.Serializable;
+import java.io.UncheckedIOException;
+import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
+import java.util.Iterator;
+import java.util.List;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+
+import org.apache.hadoop.fs.FileStatus;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.function.MapPartitionsFunction;
+import org.apache.spark.sql.Dataset;
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.expressions.GenericInternalRow;
+import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
+import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
+import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.RangeKeyScanStateEncoderSpec;
+import org.apache.spark.sql.execution.streaming.state.StateStore;
+import org.apache.spark.sql.execution.streaming.state.StateStore$;
+import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
+import org.apache.spark.sql.execution.streaming.state.StateStoreId;
+import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
+import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.SerializableConfiguration;
+import scala.Option;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * Event-time deduplication per Kafka partition, in the first stage: no shuffle, no sort, no {@code transformWithState}.
+ * Exact only where every record of a key is in one Kafka partition (the producer keys records by the deduplication
+ * key); the user says so with {@code deduplication.perKafkaPartition}.
+ *
+ * <p>Each Kafka partition has a store of Spark's own (the session's provider: RocksDB with changelog checkpointing,
+ * under {@code stateRoot}, store partition = Kafka partition), so that a batch's task loads the version its batch
+ * started from and commits the next: a batch replayed after a crash, or computed twice, starts from the same state
+ * and keeps the same rows, and a restarted job (on any executor) loads the committed version. A Kafka partition
+ * without records in a batch gets no task; the next task fills the versions it missed with empty commits.
+ *
+ * <p>The state is laid out by time: key (segment, key), the segment ({@code window / SEGMENTS} of event time) ordered
+ * first, value (first event time, Kafka offset). A row is a duplicate when an accepted row of its key lies less than a
+ * window from it in event time; it is looked up in the segments its window overlaps. Once the batch's watermark is a
+ * window past a segment's end, no row that is not late can fall within a window of its rows: it goes in one range
+ * deletion. Rows are taken in offset order (the first to arrive wins); a late row (event time below the batch's
+ * watermark, which the driver hands the tasks as the local property {@link #WATERMARK_PROPERTY}) is flagged late
+ * without touching the state; rows with the pass-through column true (dead letters) pass untouched.
+ */
+public final class PartitionDedup {
+  private PartitionDedup() {}
+
+  /** The local property holding the batch's watermark (epoch ms), set by the driver before the batch's job. */
+  public static final String WATERMARK_PROPERTY = "glasspipe.batchWatermarkMs";
+  static final String BATCH_ID = "streaming.sql.batchId"; // Spark's MicroBatchExecution.BATCH_ID_KEY
+  static final int SEGMENTS = 4;
+  static final long META_SEGMENT = Long.MIN_VALUE; // the partition's newest event time and oldest live segment
+  static final String COLUMN_FAMILY = "firstSeen"; // a column family of its own: Spark's changelog v2 has deleteRange
+  static final StructType KEY = new StructType().add("segment", DataTypes.LongType, false)
+      .add("key", DataTypes.BinaryType, false);
+  static final StructType VALUE = new StructType().add("first", DataTypes.LongType, false)
+      .add("offset", DataTypes.LongType, false);
+  /** Per executor: the version each store was last committed at, so that a task finds its version without a listing. */
+  static final Map<String, Long> COMMITTED = new ConcurrentHashMap<>();
+
+  /**
+   * {@code df} with {@code flagCol} (duplicate) and {@code lateCol} (late) added, every row kept.
+   *
+   * @param stateRoot where the stores keep their checkpoints (a folder of the query's checkpoint)
+   */
+  public static Dataset<Row> deduplicate(
+      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String stateRoot) {
+    if (keys == null || keys.isEmpty()) {
+      throw new IllegalArgumentException("at least one key column is needed");
+    }
+    if (windowMs <= 0) {
+      throw new IllegalArgumentException("windowMs must be positive, got " + windowMs);
+    }
+    if (flagCol == null || lateCol == null || partitionCol == null || offsetCol == null || stateRoot == null) {
+      throw new IllegalArgumentException("flagCol, lateCol, partitionCol, offsetCol and stateRoot are all needed");
+    }
+    StructType schema = df.schema();
+    int eventTime = schema.fieldIndex(eventTimeCol);
+    if (!schema.fields()[eventTime].dataType().equals(DataTypes.TimestampType)) {
+      throw new IllegalArgumentException("event time column " + eventTimeCol + " must be TIMESTAMP");
+    }
+    for (String added : new String[] {flagCol, lateCol}) {
+      if (Arrays.asList(schema.fieldNames()).contains(added)) {
+        throw new IllegalArgumentException("column " + added + " already exists");
+      }
+    }
+    StructType out = schema.add(flagCol, DataTypes.BooleanType, false).add(lateCol, DataTypes.BooleanType, false);
+    StateStoreConf storeConf = new StateStoreConf(df.sparkSession().sessionState().conf(),
+        scala.collection.immutable.Map$.MODULE$.empty());
+    Task task = new Task(new Plan(stateRoot, UUID.randomUUID(), storeConf,
+        new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()),
+        keys.stream().mapToInt(schema::fieldIndex).toArray(), eventTime, windowMs,
+        passthroughCol == null ? -1 : schema.fieldIndex(passthroughCol), schema.fieldIndex(partitionCol),
+        schema.fieldIndex(offsetCol)));
+    return df.mapPartitions(task, Encoders.row(out));
+  }
+
+  /** What every task needs: fixed when the query's plan is made. */
+  record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, SerializableConfiguration hadoopConf,
+      int[] keyIndex, int eventTimeIndex, long windowMs, int passthroughIndex, int partitionIndex, int offsetIndex)
+      implements Serializable {}
+
+  /** A task's function: the rows of one Kafka partition and batch, in offset order. */
+  static final class Task implements MapPartitionsFunction<Row, Row> {
+    private static final long serialVersionUID = 1L;
+    private final Plan plan;
+
+    Task(Plan plan) {
+      this.plan = plan;
+    }
+
+    @Override
+    public Iterator<Row> call(Iterator<Row> rows) {
+      long watermark = batchWatermark();
+      return new Iterator<Row>() {
+        private PartitionState state;
+        private Row next = advance();
+
+        private Row advance() {
+          if (!rows.hasNext()) {
+            if (state != null) {
+              state.commit(watermark);
+              state = null;
+            }
+            return null;
+          }
+          Row row = rows.next();
+          int p = plan.passthroughIndex();
+          if (p >= 0 && !row.isNullAt(p) && row.getBoolean(p)) {
+            return DedupProcessor.withFlags(row, false, true, false);
+          }
+          long t = DedupProcessor.eventMillis(row.get(plan.eventTimeIndex()));
+          if (t == Long.MIN_VALUE) { // no place in any window: its own occurrence
+            return DedupProcessor.withFlags(row, false, true, false);
+          }
+          if (t < watermark) {
+            return DedupProcessor.withFlags(row, false, true, true);
+          }
+          if (state == null) {
+            state = new PartitionState(plan, row.getInt(plan.partitionIndex()));
+          }
+          boolean duplicate = state.seen(key(row), t, row.getLong(plan.offsetIndex()));
+          return DedupProcessor.withFlags(row, duplicate, true, false);
+        }
+
+        @Override
+        public boolean hasNext() {
+          return next != null;
+        }
+
+        @Override
+        public Row next() {
+          Row r = next;
+          next = advance();
+          return r;
+        }
+      };
+    }
+
+    private static long batchWatermark() {
+      String text = TaskContext.get().getLocalProperty(WATERMARK_PROPERTY);
+      if (text == null) {
+        throw new IllegalStateException("no " + WATERMARK_PROPERTY + " local property: the driver sets it before a "
+            + "batch's job (glasspipe_job.batch_writer)");
+      }
+      return Long.parseLong(text);
+    }
+
+    /** The key columns, each as a null marker or its length and UTF-8 text: no two keys encode alike. */
+    private byte[] key(Row row) {
+      ByteArrayOutputStream b = new ByteArrayOutputStream(32);
+      for (int i : plan.keyIndex()) {
+        if (row.isNullAt(i)) {
+          b.write(0);
+        } else {
+          byte[] text = row.get(i).toString().getBytes(StandardCharsets.UTF_8);
+          b.write(1);
+          b.write(text.length >>> 24);
+          b.write(text.length >>> 16);
+          b.write(text.length >>> 8);
+          b.write(text.length);
+          b.write(text, 0, text.length);
+        }
+      }
+      return b.toByteArray();
+    }
+  }
+
+  /** One Kafka partition's store for one task: loaded at the batch's version, committed after its last row. */
+  static final class PartitionState {
+    private static final byte[] NO_KEY = new byte[0];
+    private final Plan plan;
+    private final long segmentMs;
+    private final UnsafeProjection keyRow = UnsafeProjection.create(KEY);
+    private final UnsafeProjection valueRow = UnsafeProjection.create(VALUE);
+    private final String storeKey;
+    private final StateStore store;
+    private long newest;
+    private long oldest; // the oldest segment that may hold keys (Long.MAX_VALUE: none)
+    private final long startNewest;
+    private final long startOldest;
+
+    PartitionState(Plan plan, int partition) {
+      this.plan = plan;
+      this.segmentMs = Math.max(1, plan.windowMs() / SEGMENTS);
+      TaskContext task = TaskContext.get();
+      String batch = task.getLocalProperty(BATCH_ID);
+      if (batch == null) {
+        throw new IllegalStateException("no " + BATCH_ID + " local property: deduplication per Kafka partition runs "
+            + "in a streaming query's micro-batch");
+      }
+      long version = Long.parseLong(batch);
+      storeKey = plan.runId() + "#" + plan.stateRoot() + "#" + partition; // a query started anew starts afresh
+      StateStoreProviderId id = StateStoreProviderId.apply(
+          new StateStoreId(plan.stateRoot(), 0L, partition, "default"), plan.runId());
+      KeyStateEncoderSpec spec = RangeKeyScanStateEncoderSpec.apply(KEY,
+          CollectionConverters.asScala(List.<Object>of(0)).toSeq());
+      // This executor committed the version this batch starts from: load it. Else (a gap, a replay, a store last
+      // committed on another executor) the newest in the checkpoint at or below it: a later one is a failed batch's.
+      Long committed = COMMITTED.get(storeKey);
+      long from = committed != null && committed == version ? version : latestVersion(partition, version);
+      StateStore s = open(id, spec, from);
+      while (s.version() < version) { // batches in which this partition had no records: empty versions
+        s = open(id, spec, s.commit());
+      }
+      store = s;
+      task.addTaskCompletionListener(ctx -> {
+        if (!store.hasCommitted()) {
+          store.abort();
+        }
+      });
+      store.createColFamilyIfAbsent(COLUMN_FAMILY, KEY, VALUE, spec, false, false);
+      UnsafeRow meta = store.get(key(META_SEGMENT, NO_KEY), COLUMN_FAMILY);
+      newest = meta == null ? Long.MIN_VALUE : meta.getLong(0);
+      oldest = meta == null ? Long.MAX_VALUE : meta.getLong(1);
+      startNewest = newest;
+      startOldest = oldest;
+    }
+
+    private StateStore open(StateStoreProviderId id, KeyStateEncoderSpec spec, long version) {
+      return StateStore$.MODULE$.get(id, KEY, VALUE, spec, version, Option.empty(), Option.empty(), true,
+          plan.storeConf(), plan.hadoopConf().value(), false);
+    }
+
+    /** The newest version at or below {@code version} in the store's checkpoint (0: none). */
+    private long latestVersion(int partition, long version) {
+      Path dir = new Path(new Path(new Path(plan.stateRoot()), "0"), Integer.toString(partition));
+      long latest = 0;
+      try {
+        FileSystem fs = dir.getFileSystem(plan.hadoopConf().value());
+        if (!fs.exists(dir)) {
+          return 0;
+        }
+        for (FileStatus f : fs.listStatus(dir)) {
+          String name = f.getPath().getName();
+          int dot = name.indexOf('.');
+          if (dot > 0 && (name.endsWith(".changelog") || name.endsWith(".zip"))) {
+            try {
+              long v = Long.parseLong(name.substring(0, dot));
+              if (v <= version && v > latest) {
+                latest = v;
+              }
+            } catch (NumberFormatException e) {
+              // another of the store's files
+            }
+          }
+        }
+      } catch (IOException e) {
+        throw new UncheckedIOException(e);
+      }
+      return latest;
+    }
+
+    private UnsafeRow key(long segment, byte[] key) {
+      return keyRow.apply(new GenericInternalRow(new Object[] {segment, key}));
+    }
+
+    /**
+     * True when an accepted row of {@code key} lies within a window of {@code t}, other than the row at {@code offset}
+     * itself; else records t (and the offset) as one.
+     */
+    boolean seen(byte[] key, long t, long offset) {
+      long w = plan.windowMs();
+      if (oldest != Long.MAX_VALUE) {
+        long lo = Math.max(Math.floorDiv(t - w, segmentMs), oldest);
+        long hi = Math.min(Math.floorDiv(t + w, segmentMs), Math.floorDiv(Math.max(t, newest), segmentMs));
+        for (long s = lo; s <= hi; s++) {
+          UnsafeRow got = store.get(key(s, key), COLUMN_FAMILY);
+          if (got != null) {
+            long first = got.getLong(0);
+            if (t > first - w && t < first + w) {
+              return got.getLong(1) != offset;
+            }
+          }
+        }
+      }
+      long segment = Math.floorDiv(t, segmentMs);
+      store.put(key(segment, key), valueRow.apply(new GenericInternalRow(new Object[] {t, offset})), COLUMN_FAMILY);
+      newest = Math.max(newest, t);
+      oldest = Math.min(oldest, segment);
+      return false;
+    }
+
+    /**
+     * The batch's end: segments whose end is a window or more below the watermark deleted (a row that is not late
+     * has t >= watermark, so it lies a window or more after all of their rows), the version committed.
+     */
+    void commit(long watermark) {
+      long expireBefore = Math.floorDiv(watermark - plan.windowMs(), segmentMs); // segments below it end by then
+      if (oldest != Long.MAX_VALUE && oldest < expireBefore) {
+        store.deleteRange(key(META_SEGMENT + 1, NO_KEY).copy(), key(expireBefore, NO_KEY).copy(), COLUMN_FAMILY);
+        oldest = expireBefore;
+      }
+      if (newest != startNewest || oldest != startOldest) {
+        store.put(key(META_SEGMENT, NO_KEY), valueRow.apply(new GenericInternalRow(new Object[] {newest, oldest})),
+            COLUMN_FAMILY);
+      }
+      COMMITTED.put(storeKey, store.commit());
+    }
+  }
+}
