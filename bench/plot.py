@@ -40,7 +40,9 @@ def series_name(r: dict[str, Any]) -> str:
         return f"plain loop, {r.get('trigger', '1s')} max delay, {warm}"
     if variant == "nodedup":
         return f"no dedup, {r.get('trigger', '1s')} trigger, {warm}"
-    what = "dedup per Kafka partition (probe)" if variant == "partition-probe" else "dedup"
+    what = {"partition-probe": "dedup per Kafka partition (probe)",
+            "statestore-probe": "dedup per Kafka partition (probe, Spark's state store)",
+            "dedup-partition": "dedup, perKafkaPartition"}.get(variant, "dedup")
     keys = ", keys scattered" if r.get("scattered_keys") else ""
     return f"{what}, {r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window{keys}, {warm}"
 

@@ -18,6 +18,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming import StreamingQuery
 
 from glasspipe.api import models
+from glasspipe.api.durations import parse_duration_ms
 from glasspipe.api.validation import table_sort_key
 from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters
@@ -34,7 +35,6 @@ from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import (
     batch_bound,
     parse_and_check,
-    per_kafka_partition,
     read_kafka,
     select_output,
     source_rows,
@@ -161,9 +161,11 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     return decision, fence
 
 
-# Recorded in the hand-over record as the plan of a checkpoint whose source deduplicates per Kafka partition: its
-# state is not transformWithState's, so a checkpoint of the other kind is set aside (and the state rebuilt by the
-# hand-over's warm-up) when deduplication.perKafkaPartition changes.
+# Recorded in the hand-over record as the plan of a checkpoint whose source deduplicates per Kafka partition, with
+# its window: its state is not transformWithState's and its keys are laid out by fractions of the window, so a
+# checkpoint of another kind or window is set aside (and the state rebuilt by the hand-over's warm-up) when
+# deduplication.perKafkaPartition or the window changes. A change of io.glasspipe.spark.PartitionDedup's layout
+# (its SEGMENTS) needs a new number.
 PARTITION_DEDUP_PLAN = "dedup-per-kafka-partition/1"
 PARTITION_DEDUP_STATE = "dedup-per-kafka-partition"  # its stores' folder in the query's checkpoint
 
@@ -172,7 +174,10 @@ def state_plan(config: JobConfig) -> str:
     """The shape of the query's state, recorded with each checkpoint (handover.Handover.plan)."""
     if config.spec.join is not None:
         return JOIN_STATE_PLAN
-    return PARTITION_DEDUP_PLAN if per_kafka_partition(config.spec.sources[0]) else ""
+    source = config.spec.sources[0]
+    if source.deduplication is None or not source.deduplication.per_kafka_partition:
+        return ""
+    return f"{PARTITION_DEDUP_PLAN}/window={parse_duration_ms(source.deduplication.window)}ms"
 
 
 def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, decision: ho.Handover) -> DataFrame:

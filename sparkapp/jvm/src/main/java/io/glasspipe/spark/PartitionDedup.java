@@ -61,7 +61,10 @@ public final class PartitionDedup {
   /** The local property holding the batch's watermark (epoch ms), set by the driver before the batch's job. */
   public static final String WATERMARK_PROPERTY = "glasspipe.batchWatermarkMs";
   static final String BATCH_ID = "streaming.sql.batchId"; // Spark's MicroBatchExecution.BATCH_ID_KEY
-  static final int SEGMENTS = 4;
+  // A new key is looked up in every segment its window overlaps (SEGMENTS + 1 of them): with 4, a 2 m window cost
+  // 23 CPU-us an event against 13 for an 8 h one (docs/benchmarks.md); halves keep up to two windows of keys.
+  // The layout of a checkpointed state: a change needs a new glasspipe_job.runner.PARTITION_DEDUP_PLAN.
+  static final int SEGMENTS = 2;
   static final long META_SEGMENT = Long.MIN_VALUE; // the partition's newest event time and oldest live segment
   static final String COLUMN_FAMILY = "firstSeen"; // a column family of its own: Spark's changelog v2 has deleteRange
   static final StructType KEY = new StructType().add("segment", DataTypes.LongType, false)

@@ -1,0 +1,35 @@
+"""The shape of a query's state, recorded with each checkpoint: a checkpoint of another shape is set aside."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from glasspipe_job.config import config_from_resource, load_job_config
+from glasspipe_job.join import JOIN_STATE_PLAN
+from glasspipe_job.runner import state_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.unit
+
+
+def plan_of(example: str, **dedup: Any) -> str:
+    doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+    if dedup:
+        doc["spec"]["sources"][0]["deduplication"].update(dedup)
+    return state_plan(load_job_config(config_from_resource(doc, 0, 1)))
+
+
+def test_the_default_engine_and_a_join_keep_their_plans() -> None:
+    assert plan_of("sms-dedup.yaml") == ""
+    assert plan_of("orders-users-join.yaml") == JOIN_STATE_PLAN
+
+
+def test_deduplication_per_kafka_partition_records_its_engine_and_window() -> None:
+    """Its keys are laid out by fractions of the window: another window is another state."""
+    five = plan_of("sms-dedup.yaml", perKafkaPartition=True)
+    assert five == "dedup-per-kafka-partition/1/window=300000ms"
+    assert plan_of("sms-dedup.yaml", perKafkaPartition=True, window="8h") != five
