@@ -125,11 +125,8 @@ VARIANTS = {"dedup": "glasspipe, the sms-dedup pipeline",
             "partition-probe": "the sms-dedup pipeline with bench/PartitionDedupProbe.java in place of its "
                                "deduplication operator (state per Kafka partition, by time; a probe, not durable)",
             "dedup-partition": "glasspipe, the sms-dedup pipeline with deduplication.perKafkaPartition (the "
-                               "topic is partitioned by the key)",
-            "statestore-probe": "the same probe's state kept in Spark's state store (bench/StateStoreDedupProbe.java: "
-                                "versioned by batch, checkpointed; no late rows)"}
-# exact = each first occurrence once; else every event once
-DEDUPLICATING = {"dedup", "dedup-partition", "partition-probe", "statestore-probe"}
+                               "topic is partitioned by the key)"}
+DEDUPLICATING = {"dedup", "dedup-partition", "partition-probe"}  # exact: each first occurrence once (else every event)
 
 
 def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table: str, trigger: str, max_rows: int,
@@ -277,8 +274,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
             env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))
         # the probe: the same command line, through bench/partition_probe_run.py
-        probe = (sys.executable, str(Path(__file__).with_name("partition_probe_run.py")))
-        launcher = {"partition-probe": probe, "statestore-probe": (*probe, "--state-store")}.get(variant, CLI)
+        launcher = (sys.executable, str(Path(__file__).with_name("partition_probe_run.py"))) \
+            if variant == "partition-probe" else CLI
         job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
                                tmp / f"{table}.log", env=env or None, launcher=launcher)
     try:

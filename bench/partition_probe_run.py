@@ -1,16 +1,14 @@
-"""``glasspipe run`` with bench/PartitionDedupProbe.java (or, with ``--state-store`` first,
-bench/StateStoreDedupProbe.java) in place of the job's deduplication operator (a probe).
+"""``glasspipe run`` with bench/PartitionDedupProbe.java in place of the job's deduplication operator (a probe).
 
 Compiles the probe against pyspark's jars (cached by its source's hash), adds it to the session's jars and puts
 its ``deduplicate`` where ``glasspipe_job.jvm.deduplicate_within_window`` calls ``WindowDedup.deduplicate``,
 keeps each Kafka partition's range of a batch in one Spark partition (the probe needs a partition's records in
 offset order, in one task); then runs the CLI with this script's arguments. For bench/freshness.py ``--variant
 partition-probe``: what deduplication costs with its state per Kafka partition, laid out by time, in the first
-stage. The first probe is not exactly-once; the second keeps the same state in Spark's state store, versioned by
-batch and checkpointed under ``CHECKPOINT/partition-dedup-state``, but flags no late rows (see the Java classes):
-never a pipeline's engine; single-source pipelines only (a join's sides keep ``transformWithState``).
+stage. Not exactly-once (see the Java class; the job's ``deduplication.perKafkaPartition`` is the same layout in
+Spark's state store, which is), so never a pipeline's engine; single-source pipelines only.
 
-    python bench/partition_probe_run.py [--state-store] run PIPELINE.yaml --bootstrap-servers ... --checkpoint ...
+    python bench/partition_probe_run.py run PIPELINE.yaml --bootstrap-servers ... --clickhouse ... --checkpoint ...
 """
 
 from __future__ import annotations
@@ -30,18 +28,15 @@ sys.path.insert(0, str(ROOT / "dev"))  # the job itself from where `glasspipe ru
 
 from glasspipe_dev.paths import java_binary  # noqa: E402
 
-PROBES = {name: Path(__file__).resolve().with_name(f"{name}.java")
-          for name in ("PartitionDedupProbe", "StateStoreDedupProbe")}
-STATE_DIR = "partition-dedup-state"
+PROBE = Path(__file__).resolve().with_name("PartitionDedupProbe.java")
+ENTRY = "io.glasspipe.bench.PartitionDedupProbe"
 
 
 def probe_jar(ops_jar: str) -> Path:
     """The probe compiled against pyspark's jars and the job's operators jar (it reads event times and flags rows
     with ``DedupProcessor``'s code), into $GLASSPIPE_CACHE/partition-probe/<hash>/probe.jar: once per source and
     operators jar (whose path holds the hash of its sources)."""
-    sources = [PROBES[name] for name in sorted(PROBES)]
-    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources) + pyspark.__version__.encode()
-                            + ops_jar.encode()).hexdigest()[:16]
+    digest = hashlib.sha256(PROBE.read_bytes() + pyspark.__version__.encode() + ops_jar.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("GLASSPIPE_CACHE", Path.home() / ".cache" / "glasspipe"))
     jar = cache / "partition-probe" / digest / "probe.jar"
     if jar.is_file():
@@ -50,7 +45,7 @@ def probe_jar(ops_jar: str) -> Path:
     jars = Path(pyspark.__file__).parent / "jars"
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([str(bin_dir / "javac"), "--release", "17", "-encoding", "UTF-8", "-cp", f"{jars}/*:{ops_jar}",
-                        "-d", f"{tmp}/classes", *map(str, sources)], check=True)
+                        "-d", f"{tmp}/classes", str(PROBE)], check=True)
         jar.parent.mkdir(parents=True, exist_ok=True)
         subprocess.run([str(bin_dir / "jar"), "--create", "--file", f"{tmp}/probe.jar", "-C", f"{tmp}/classes", "."],
                        check=True)
@@ -62,16 +57,6 @@ def main() -> int:
     import glasspipe.api.models as models
     import glasspipe_job.jvm as jvm
 
-    argv = sys.argv[1:]
-    state_store = argv[:1] == ["--state-store"]
-    if state_store:
-        argv = argv[1:]
-    entry = f"io.glasspipe.bench.{'StateStoreDedupProbe' if state_store else 'PartitionDedupProbe'}"
-    extra: tuple[str, ...] = ()
-    if state_store:
-        if "--checkpoint" not in argv:
-            raise SystemExit("--state-store needs the run's --checkpoint (its stores keep their checkpoints there)")
-        extra = (str(Path(argv[argv.index("--checkpoint") + 1]).resolve() / STATE_DIR),)
     ops_jar = jvm.jvm_ops_jar()
     with_probe = f"{ops_jar},{probe_jar(ops_jar)}"
 
@@ -79,8 +64,8 @@ def main() -> int:
                           flag_col: str | None = None, passthrough_col: str | None = None,
                           partition_col: str | None = None, offset_col: str | None = None,
                           late_col: str | None = None) -> Any:
-        return jvm._call_static(df, entry, "deduplicate", list(keys), event_time_col, round(window_seconds * 1000),
-                                flag_col, passthrough_col, partition_col, offset_col, late_col, *extra)
+        return jvm._call_static(df, ENTRY, "deduplicate", list(keys), event_time_col, round(window_seconds * 1000),
+                                flag_col, passthrough_col, partition_col, offset_col, late_col)
 
     jvm.jvm_ops_jar = lambda: with_probe
     jvm.deduplicate_within_window = probe_deduplicate
@@ -90,7 +75,7 @@ def main() -> int:
     models.records_per_partition = lambda max_offsets_per_trigger: max_offsets_per_trigger
     from glasspipe.cli import main as cli
 
-    return int(cli(argv) or 0)
+    return int(cli(sys.argv[1:]) or 0)
 
 
 if __name__ == "__main__":

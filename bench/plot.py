@@ -41,7 +41,7 @@ def series_name(r: dict[str, Any]) -> str:
     if variant == "nodedup":
         return f"no dedup, {r.get('trigger', '1s')} trigger, {warm}"
     what = {"partition-probe": "dedup per Kafka partition (probe)",
-            "statestore-probe": "dedup per Kafka partition (probe, Spark's state store)",
+            "statestore-probe": "dedup per Kafka partition (probe, Spark's state store; 8366640)",
             "dedup-partition": "dedup, perKafkaPartition"}.get(variant, "dedup")
     keys = ", keys scattered" if r.get("scattered_keys") else ""
     return f"{what}, {r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window{keys}, {warm}"

@@ -1,12 +1,13 @@
-"""A deduplication probe killed at random moments: does it lose or double anything?
+"""Deduplication per Kafka partition killed at random moments: does it lose or double anything?
 
-bench/StateStoreDedupProbe.java keeps its state in Spark's state store, versioned by batch; this runs the sms-dedup
-pipeline with it in place of the job's operator (bench/partition_probe_run.py --state-store), SIGKILLs the job at
-random moments after it has written something, restarts it from its checkpoint, drains what is left and prints
-what landed: exact when every first occurrence landed once and no repeat did. The job's own operator is checked
-the same way by tests/integration/test_job_dedup.py; the probe is a benchmark's, so this is a script, not a test.
+Runs the sms-dedup pipeline with ``deduplication.perKafkaPartition`` (its state in Spark's state store, versioned by
+batch), or with ``--probe partition`` bench/PartitionDedupProbe.java in its place (bench/partition_probe_run.py: the
+same layout in a RocksDB of its own, not checkpointed), SIGKILLs the job at random moments after it has written
+something, restarts it from its checkpoint, drains what is left and prints what landed: exact when every first
+occurrence landed once and no repeat did. tests/integration/test_job_dedup.py checks the job's engines the same way;
+this prints the probe's failure beside it.
 
-    python bench/probe_crash.py [--kills 6] [--probe partition|state-store]
+    python bench/probe_crash.py [--kills 6] [--probe per-kafka-partition|partition]
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ sys.path.insert(0, str(ROOT / "dev"))
 
 from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
 from glasspipe_dev.kafka import KafkaServer  # noqa: E402
-from glasspipe_dev.pipelines import dumps, produce, run_to_end, sms_dedup_pipeline, start_continuous  # noqa: E402
+from glasspipe_dev.pipelines import (  # noqa: E402
+    CLI,
+    dumps,
+    produce,
+    run_to_end,
+    sms_dedup_pipeline,
+    start_continuous,
+)
 
 T0 = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
 RUNNER = str(Path(__file__).with_name("partition_probe_run.py"))
@@ -48,10 +56,11 @@ def main() -> int:
     p.add_argument("--kills", type=int, default=6)
     p.add_argument("--uniques", type=int, default=30_000)
     p.add_argument("--repeats", type=int, default=6_000)
-    p.add_argument("--probe", choices=("state-store", "partition"), default="state-store")
+    p.add_argument("--probe", choices=("per-kafka-partition", "partition"), default="per-kafka-partition",
+                   help="per-kafka-partition: the job's deduplication.perKafkaPartition; partition: the first probe")
     p.add_argument("--seed", type=int, default=5)
     args = p.parse_args()
-    launcher = (sys.executable, RUNNER, *(("--state-store",) if args.probe == "state-store" else ()))
+    launcher = CLI if args.probe == "per-kafka-partition" else (sys.executable, RUNNER)
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory(prefix="gp-probe-crash-") as d, KafkaServer() as kafka, \
             ClickHouseServer() as ch:
@@ -61,7 +70,7 @@ def main() -> int:
         kafka.create_topic(topic, 4)
         kafka.create_topic(f"{topic}-dlq", 1)
         path = sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=1000, max_delay="200ms",
-                                  max_offsets=1500)
+                                  max_offsets=1500, per_kafka_partition=args.probe == "per-kafka-partition")
         records = [sms(f"c-{i:06d}", "first", T0 + timedelta(milliseconds=20 * i)) for i in range(args.uniques)]
         for _ in range(args.repeats):
             i = rng.randrange(args.uniques)
