@@ -37,6 +37,8 @@ from glasspipe_dev.pipelines import (  # noqa: E402
 
 T0 = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
 RUNNER = str(Path(__file__).with_name("partition_probe_run.py"))
+WHAT = {"per-kafka-partition": "the job's deduplication.perKafkaPartition",
+        "partition": "the partition probe (bench/PartitionDedupProbe.java)"}
 
 
 def sms(sms_id: str, status: str, at: datetime) -> tuple[bytes, bytes]:
@@ -98,7 +100,7 @@ def main() -> int:
         rows, distinct, repeats = ch.client().execute(
             f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0]
         exact = (rows, distinct, repeats) == (args.uniques, args.uniques, 0)
-        print(f"{args.probe} probe, {len(counts)} kills (rows after each: {counts}): {rows} rows, {distinct} keys, "
+        print(f"{WHAT[args.probe]}, {len(counts)} kills (rows after each: {counts}): {rows} rows, {distinct} keys, "
               f"{repeats} repeats landed, of {args.uniques} first occurrences and {args.repeats} repeats: "
               f"exact: {exact}")
         return 0 if exact else 1
