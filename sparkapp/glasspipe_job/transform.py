@@ -118,11 +118,11 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
         log.info("source %s: at most %d records per micro-batch (driver max heap %d MiB; set "
                  "kafka.maxOffsetsPerTrigger to change it)", source.name, bound, driver_heap >> 20)
     reader = reader.option("maxOffsetsPerTrigger", str(bound))
+    # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition holds
+    # more than an eighth of the batch, however few Kafka partitions the records come from. Deduplication per
+    # Kafka partition needs each partition's range in one task instead: the driver then receives a Kafka
+    # partition's range at a time (docs/operations.md, Catching up).
     if not per_kafka_partition(source):
-        # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition
-        # holds more than an eighth of the batch, however few Kafka partitions the records come from.
-        # Deduplication per Kafka partition needs each partition's range in one task: the driver then receives a
-        # Kafka partition's range at a time (docs/operations.md, Catching up).
         reader = reader.option("maxRecordsPerPartition", str(models.records_per_partition(bound)))
     return reader.load()
 
@@ -230,7 +230,7 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
     """Watermark on event time, then first-occurrence-wins dedup (dead rows pass through untouched).
 
     With ``dead_letter_late`` (nothing stateful follows: the single-topic path), late rows become dead
-    rows with reason ``late`` instead of being dropped by Spark; the result then carries no watermark.
+    rows with reason ``late`` instead of being dropped by Spark; nothing stateful may follow the result.
     A source deduplicated per Kafka partition keeps its state under ``state_root`` (single-topic path only).
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
