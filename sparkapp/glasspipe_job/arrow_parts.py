@@ -43,7 +43,8 @@ def partitions_per_part(batch_rows: int | None, batch_bound: int, partitions: in
     return max(1, min(partitions, batch_bound // max(batch_rows, 1)))
 
 
-def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: int = 0) -> Iterator[pa.Table]:
+def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: int = 0,
+                     one_part: bool = False) -> Iterator[pa.Table]:
     """The rows of ``df``, one Arrow table per part (``partitions_per_part`` consecutive Spark partitions, one
     without ``batch_rows``), in partition order; only the part being read is held in the driver (plus what
     the caller keeps).
@@ -58,7 +59,10 @@ def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: 
     schema = arrow_schema(df)
     rdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, per partition
     n = rdd.getNumPartitions()
-    step = partitions_per_part(batch_rows, batch_bound, n)
+    # one_part: the whole batch at once, for a plan whose partitions may come in another order when the batch is
+    # replayed (deduplication per Kafka partition: Spark orders the Kafka source's ranges as its offsets map does);
+    # the sink puts a part's rows in a canonical order, so a replayed batch's chunks hold the same rows.
+    step = n if one_part else partitions_per_part(batch_rows, batch_bound, n)
     staged = step < n
     if staged:
         rdd.persist(jvm.org.apache.spark.storage.StorageLevel.DISK_ONLY())

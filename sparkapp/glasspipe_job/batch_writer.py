@@ -112,13 +112,15 @@ class BatchWriter:
 
     def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
                  groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, batch_bound: int = 0,
-                 first_start: Offsets | None = None) -> None:
+                 first_start: Offsets | None = None, one_part: bool = False) -> None:
         """``batch_bound``: the records of the largest batch (maxOffsetsPerTrigger); a batch known to be smaller
         is taken in fewer, larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a
         join, whose output may outgrow its input). ``first_start``: where the checkpoint's batch 0 starts (the
         hand-over's ``read_from``, persisted, so a replay sizes it alike); Kafka's "earliest"/"latest" (-2/-1)
-        there count as offset 0 at most, which can only overstate the batch, never understate it."""
+        there count as offset 0 at most, which can only overstate the batch, never understate it. ``one_part``:
+        every batch in one part (arrow_parts.arrow_partitions)."""
         self.config = config
+        self.one_part = one_part
         self.batch_bound = batch_bound
         # the previous batch's id and end offsets: the hand-over's start stands for "batch -1"
         self._last_offsets: tuple[int, Sequence[Mapping[str, Mapping[Any, int]]]] | None = (
@@ -152,7 +154,8 @@ class BatchWriter:
         # The batch's Spark job starts now, in the worker, while the sink looks the batch up in its ledger and
         # announces it there.
         tables = FirstPartAhead(self._ahead, df.sparkSession,
-                                arrow_partitions(df, self._batch_records(files, batch_id, offsets), self.batch_bound))
+                                arrow_partitions(df, self._batch_records(files, batch_id, offsets), self.batch_bound,
+                                                 self.one_part))
         try:
             result = self.sink.write_parts(batch_id, self._kept_parts(tables, seen),
                                            json.dumps(offsets, sort_keys=True))

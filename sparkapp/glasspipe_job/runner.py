@@ -230,7 +230,8 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     # outgrow its input, so its batches always go one Spark partition at a time.
     bound = 0 if spec.join is not None else batch_bound(config, spec.sources[0], driver_heap_bytes(spark))
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
-                         [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from)
+                         [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from,
+                         one_part=state_plan(config).startswith(PARTITION_DEDUP_PLAN))
     stream = (writer.collected(out).writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:
