@@ -95,9 +95,7 @@ def deduplicate_within_window(
     """
     if not keys:
         raise ValueError("deduplicate_within_window needs at least one key column")
-    window_ms = round(window_seconds * 1000)
-    if window_ms <= 0:
-        raise ValueError(f"window_seconds must be positive, got {window_seconds}")
+    window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, JVM_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
                         passthrough_col, partition_col, offset_col, late_col)
 
@@ -123,9 +121,7 @@ def deduplicate_per_kafka_partition(
     (``set_batch_watermark``)."""
     if not keys:
         raise ValueError("deduplicate_per_kafka_partition needs at least one key column")
-    window_ms = round(window_seconds * 1000)
-    if window_ms <= 0:
-        raise ValueError(f"window_seconds must be positive, got {window_seconds}")
+    window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, PARTITION_DEDUP_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
                         passthrough_col, partition_col, offset_col, late_col, state_root)
 
@@ -176,9 +172,7 @@ def flag_late_before_join(
     copy without the watermark's mark, and no output column carries it: Spark drops no late row before
     the join, and the operator passes the watermark on to it.
     """
-    window_ms = round(window_seconds * 1000)
-    if window_ms <= 0:
-        raise ValueError(f"window_seconds must be positive, got {window_seconds}")
+    window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, JVM_ENTRY, "flagLateBeforeJoin", list(keys), event_time_col, window_ms, flag_col,
                         passthrough_col, partition_col, offset_col, late_col)
 
@@ -236,6 +230,14 @@ def keys_in_two_partitions(spark: Any) -> int:
             return 0
         _window_dedup[id(jvm)] = cls
     return int(cls.keysInTwoPartitions())
+
+
+def _positive_window_ms(window_seconds: float) -> int:
+    """A window in whole milliseconds, as the JVM operators take it; raises ValueError unless positive."""
+    window_ms = round(window_seconds * 1000)
+    if window_ms <= 0:
+        raise ValueError(f"window_seconds must be positive, got {window_seconds}")
+    return window_ms
 
 
 def _static(df: DataFrame, entry: str) -> Any:

@@ -35,6 +35,7 @@ from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import (
     batch_bound,
     parse_and_check,
+    per_kafka_partition,
     read_kafka,
     select_output,
     source_rows,
@@ -175,7 +176,7 @@ def state_plan(config: JobConfig) -> str:
     if config.spec.join is not None:
         return JOIN_STATE_PLAN
     source = config.spec.sources[0]
-    if source.deduplication is None or not source.deduplication.per_kafka_partition:
+    if not per_kafka_partition(source) or source.deduplication is None:
         return ""
     return f"{PARTITION_DEDUP_PLAN}/window={parse_duration_ms(source.deduplication.window)}ms"
 
@@ -231,7 +232,7 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     bound = 0 if spec.join is not None else batch_bound(config, spec.sources[0], driver_heap_bytes(spark))
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
                          [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from,
-                         one_part=state_plan(config).startswith(PARTITION_DEDUP_PLAN))
+                         one_part=spec.join is None and per_kafka_partition(spec.sources[0]))
     stream = (writer.collected(out).writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:
