@@ -31,5 +31,5 @@ def test_the_default_engine_and_a_join_keep_their_plans() -> None:
 def test_deduplication_per_kafka_partition_records_its_engine_and_window() -> None:
     """Its keys are laid out by fractions of the window: another window is another state."""
     five = plan_of("sms-dedup.yaml", perKafkaPartition=True)
-    assert five == "dedup-per-kafka-partition/1/window=300000ms"
+    assert five == "dedup-per-kafka-partition/2/window=300000ms"
     assert plan_of("sms-dedup.yaml", perKafkaPartition=True, window="8h") != five
