@@ -1,13 +1,11 @@
 package io.glasspipe.spark;
 
-import java.io.ByteArrayOutputStream;
 import java.io.IOException;
 import java.io.Serializable;
 import java.io.UncheckedIOException;
 import java.lang.reflect.Field;
-import java.nio.charset.StandardCharsets;
+import java.nio.ByteBuffer;
 import java.util.Arrays;
-import java.util.Iterator;
 import java.util.List;
 import java.util.Map;
 import java.util.UUID;
@@ -17,10 +15,14 @@ import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.TaskContext;
-import org.apache.spark.api.java.function.MapPartitionsFunction;
+import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
-import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.catalyst.InternalRow;
+import org.apache.spark.sql.catalyst.expressions.Expression;
+import org.apache.spark.sql.catalyst.expressions.Literal;
+import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
+import org.apache.spark.sql.classic.ExpressionUtils;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.RocksDB;
@@ -30,13 +32,19 @@ import org.apache.spark.sql.execution.streaming.state.StateStore$;
 import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
+import org.apache.spark.sql.functions;
+import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.DataTypes;
+import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
+import org.apache.spark.unsafe.types.UTF8String;
 import org.apache.spark.util.SerializableConfiguration;
 import scala.Option;
+import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * Event-time deduplication per Kafka partition, in the first stage: no shuffle, no sort, no {@code transformWithState}.
+ * Event-time deduplication per Kafka partition, an expression in the first stage: no shuffle, no sort, no
+ * {@code transformWithState}.
  * Exact only where every record of a key is in one Kafka partition (the producer keys records by the deduplication
  * key); the user says so with {@code deduplication.perKafkaPartition}.
  *
@@ -50,8 +58,9 @@ import scala.Option;
  * first, value (first event time, Kafka offset). The store's column family holds glasspipe's own bytes (an 8-byte
  * big-endian segment with its sign bit flipped, then the key), read and written through the store's {@link RocksDB}:
  * Spark's range-scan key encoder cost 14 % of the task's samples at 50 000 events/s (it builds a SQL conf for every
- * key it encodes), and only it may range-delete through the {@link StateStore} API. A row is a duplicate when an accepted row of its key lies less than a
- * window from it in event time; it is looked up in the segments its window overlaps. Once the batch's watermark is a
+ * key it encodes), and only it may range-delete through the {@link StateStore} API. A row is a duplicate when an
+ * accepted row of its key lies less than a window from it in event time; it is looked up in the segments its window
+ * overlaps. Once the batch's watermark is a
  * window past a segment's end, no row that is not late can fall within a window of its rows: it goes in one range
  * deletion. Rows are taken in offset order (the first to arrive wins); a late row (event time below the batch's
  * watermark, which the driver hands the tasks as the local property {@link #WATERMARK_PROPERTY}) is flagged late
@@ -79,6 +88,11 @@ public final class PartitionDedup {
   /**
    * {@code df} with {@code flagCol} (duplicate) and {@code lateCol} (late) added, every row kept.
    *
+   * <p>An expression in the first stage's generated code, not a {@code mapPartitions}: Spark's rows go to it as
+   * they are (the key columns as text, the event time as microseconds), where a function of external {@code Row}s
+   * turned every column of every row into Java objects and back (13 % of the task samples at 50 000/s). It is
+   * nondeterministic, so that Spark evaluates it once a row, in the rows' order.
+   *
    * @param stateRoot where the stores keep their checkpoints (a folder of the query's checkpoint)
    */
   public static Dataset<Row> deduplicate(
@@ -94,86 +108,84 @@ public final class PartitionDedup {
       throw new IllegalArgumentException("flagCol, lateCol, partitionCol, offsetCol and stateRoot are all needed");
     }
     StructType schema = df.schema();
-    int eventTime = schema.fieldIndex(eventTimeCol);
-    if (!schema.fields()[eventTime].dataType().equals(DataTypes.TimestampType)) {
+    if (!schema.apply(eventTimeCol).dataType().equals(DataTypes.TimestampType)) {
       throw new IllegalArgumentException("event time column " + eventTimeCol + " must be TIMESTAMP");
     }
-    for (String added : new String[] {flagCol, lateCol}) {
+    String code = "_gp_partition_dedup";
+    for (String added : new String[] {flagCol, lateCol, code}) {
       if (Arrays.asList(schema.fieldNames()).contains(added)) {
         throw new IllegalArgumentException("column " + added + " already exists");
       }
     }
-    StructType out = schema.add(flagCol, DataTypes.BooleanType, false).add(lateCol, DataTypes.BooleanType, false);
     StateStoreConf storeConf = new StateStoreConf(df.sparkSession().sessionState().conf(),
         scala.collection.immutable.Map$.MODULE$.empty());
-    Task task = new Task(new Plan(stateRoot, UUID.randomUUID(), storeConf,
-        new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()),
-        keys.stream().mapToInt(schema::fieldIndex).toArray(), eventTime, windowMs,
-        passthroughCol == null ? -1 : schema.fieldIndex(passthroughCol), schema.fieldIndex(partitionCol),
-        schema.fieldIndex(offsetCol)));
-    return df.mapPartitions(task, Encoders.row(out));
+    Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf,
+        new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()), windowMs));
+    Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
+        .toArray(Column[]::new));
+    Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
+    Column passthrough = passthroughCol == null ? functions.lit(false)
+        : functions.coalesce(df.col(passthroughCol), functions.lit(false));
+    List<Expression> args = List.of(keyText, micros, df.col(partitionCol), df.col(offsetCol), passthrough).stream()
+        .map(ExpressionUtils::expression).toList();
+    Column flags = ExpressionUtils.column(new Invoke(Literal.create(flagger, new ObjectType(Flagger.class)), "code",
+        DataTypes.IntegerType, CollectionConverters.asScala(args).toSeq(),
+        CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(), false, false, false));
+    Dataset<Row> coded = df.withColumn(code, flags);
+    return coded.withColumn(flagCol, coded.col(code).equalTo(Flagger.DUPLICATE))
+        .withColumn(lateCol, coded.col(code).equalTo(Flagger.LATE)).drop(code);
   }
 
   /** What every task needs: fixed when the query's plan is made. */
   record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, SerializableConfiguration hadoopConf,
-      int[] keyIndex, int eventTimeIndex, long windowMs, int passthroughIndex, int partitionIndex, int offsetIndex)
-      implements Serializable {}
+      long windowMs) implements Serializable {}
 
-  /** A task's function: the rows of one Kafka partition and batch, in offset order. */
-  static final class Task implements MapPartitionsFunction<Row, Row> {
+  /**
+   * The expression's target, one copy a task (Spark deserializes the plan for each): the rows of one Kafka partition
+   * and batch, in offset order. The partition's store is loaded at its first row and committed when the task ends
+   * well (aborted when it fails).
+   */
+  public static final class Flagger implements Serializable {
     private static final long serialVersionUID = 1L;
+    static final int KEPT = 0;
+    static final int DUPLICATE = 1;
+    static final int LATE = 2;
     private final Plan plan;
+    private transient PartitionState state;
+    private transient long watermark;
+    private transient boolean started;
 
-    Task(Plan plan) {
+    Flagger(Plan plan) {
       this.plan = plan;
     }
 
-    @Override
-    public Iterator<Row> call(Iterator<Row> rows) {
-      long watermark = batchWatermark();
-      return new Iterator<Row>() {
-        private PartitionState state;
-        private Row next = advance();
-
-        private Row advance() {
-          if (!rows.hasNext()) {
-            if (state != null) {
-              state.commit(watermark);
-              state = null;
-            }
-            return null;
+    /** {@link #KEPT}, {@link #DUPLICATE} or {@link #LATE}: one row, in its Kafka partition's offset order. */
+    public int code(InternalRow keyText, long micros, int partition, long offset, boolean passthrough) {
+      if (passthrough || micros == Long.MIN_VALUE) { // a dead letter; no event time: no place in any window
+        return KEPT;
+      }
+      if (!started) {
+        watermark = batchWatermark();
+        started = true;
+      }
+      long t = Math.floorDiv(micros, 1000L);
+      if (t < watermark) {
+        return LATE;
+      }
+      if (state == null) {
+        PartitionState opened = new PartitionState(plan, partition); // aborts its store unless committed
+        TaskContext.get().addTaskCompletionListener(ctx -> { // Spark runs these last registered first
+          if (!ctx.isFailed() && !ctx.isInterrupted()) {
+            opened.commit(watermark);
           }
-          Row row = rows.next();
-          int p = plan.passthroughIndex();
-          if (p >= 0 && !row.isNullAt(p) && row.getBoolean(p)) {
-            return DedupProcessor.withFlags(row, false, true, false);
-          }
-          long t = DedupProcessor.eventMillis(row.get(plan.eventTimeIndex()));
-          if (t == Long.MIN_VALUE) { // no place in any window: its own occurrence
-            return DedupProcessor.withFlags(row, false, true, false);
-          }
-          if (t < watermark) {
-            return DedupProcessor.withFlags(row, false, true, true);
-          }
-          if (state == null) {
-            state = new PartitionState(plan, row.getInt(plan.partitionIndex()));
-          }
-          boolean duplicate = state.seen(key(row), t, row.getLong(plan.offsetIndex()));
-          return DedupProcessor.withFlags(row, duplicate, true, false);
-        }
-
-        @Override
-        public boolean hasNext() {
-          return next != null;
-        }
-
-        @Override
-        public Row next() {
-          Row r = next;
-          next = advance();
-          return r;
-        }
-      };
+        });
+        state = opened;
+      } else if (state.partition != partition) {
+        throw new IllegalStateException("deduplication per Kafka partition saw Kafka partitions " + state.partition
+            + " and " + partition + " in one task: a Kafka partition's records must not be split or merged "
+            + "(no kafka minPartitions or maxRecordsPerPartition)");
+      }
+      return state.seen(key(keyText), t, offset) ? DUPLICATE : KEPT;
     }
 
     private static long batchWatermark() {
@@ -189,29 +201,30 @@ public final class PartitionDedup {
      * {@link #SEGMENT_BYTES} bytes for the segment, then the key columns, each as a null marker or its length and
      * UTF-8 text: no two keys encode alike.
      */
-    private byte[] key(Row row) {
-      ByteArrayOutputStream b = new ByteArrayOutputStream(32);
-      b.write(new byte[SEGMENT_BYTES], 0, SEGMENT_BYTES);
-      for (int i : plan.keyIndex()) {
-        if (row.isNullAt(i)) {
-          b.write(0);
+    private static byte[] key(InternalRow keyText) {
+      int n = keyText.numFields();
+      int size = SEGMENT_BYTES;
+      for (int i = 0; i < n; i++) {
+        size += keyText.isNullAt(i) ? 1 : 5 + keyText.getUTF8String(i).numBytes();
+      }
+      ByteBuffer b = ByteBuffer.allocate(size).position(SEGMENT_BYTES);
+      for (int i = 0; i < n; i++) {
+        if (keyText.isNullAt(i)) {
+          b.put((byte) 0);
         } else {
-          byte[] text = row.get(i).toString().getBytes(StandardCharsets.UTF_8);
-          b.write(1);
-          b.write(text.length >>> 24);
-          b.write(text.length >>> 16);
-          b.write(text.length >>> 8);
-          b.write(text.length);
-          b.write(text, 0, text.length);
+          UTF8String text = keyText.getUTF8String(i);
+          b.put((byte) 1).putInt(text.numBytes());
+          text.writeTo(b);
         }
       }
-      return b.toByteArray();
+      return b.array();
     }
   }
 
   /** One Kafka partition's store for one task: loaded at the batch's version, committed after its last row. */
   static final class PartitionState {
     private static final Field STORE_PROVIDER = storeProviderField();
+    final int partition;
     private final Plan plan;
     private final long segmentMs;
     private final String storeKey;
@@ -224,6 +237,7 @@ public final class PartitionDedup {
 
     PartitionState(Plan plan, int partition) {
       this.plan = plan;
+      this.partition = partition;
       this.segmentMs = Math.max(1, plan.windowMs() / SEGMENTS);
       TaskContext task = TaskContext.get();
       String batch = task.getLocalProperty(BATCH_ID);
