@@ -62,7 +62,8 @@ def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: 
     # one_part: the whole batch at once, for a plan whose partitions may come in another order when the batch is
     # replayed (deduplication per Kafka partition: Spark orders the Kafka source's ranges as its offsets map does);
     # the sink puts a part's rows in a canonical order, so a replayed batch's chunks hold the same rows.
-    step = n if one_part else partitions_per_part(batch_rows, batch_bound, n)
+    # A batch may have no partitions at all (Spark runs one without data to move the watermark on): no part.
+    step = max(n, 1) if one_part else partitions_per_part(batch_rows, batch_bound, n)
     staged = step < n
     if staged:
         rdd.persist(jvm.org.apache.spark.storage.StorageLevel.DISK_ONLY())

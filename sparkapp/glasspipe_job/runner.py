@@ -166,7 +166,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
 # its window: its state is not transformWithState's and its keys are laid out by fractions of the window, so a
 # checkpoint of another kind or window is set aside (and the state rebuilt by the hand-over's warm-up) when
 # deduplication.perKafkaPartition or the window changes. A change of io.glasspipe.spark.PartitionDedup's layout
-# (its SEGMENTS, its key bytes) needs a new number; 2: glasspipe's own key bytes in place of Spark's range-scan encoding.
+# (its SEGMENTS, its key bytes) needs a new number; 2: glasspipe's own key bytes, not Spark's range-scan encoding.
 PARTITION_DEDUP_PLAN = "dedup-per-kafka-partition/2"
 PARTITION_DEDUP_STATE = "dedup-per-kafka-partition"  # its stores' folder in the query's checkpoint
 
