@@ -11,10 +11,13 @@ import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 
+import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
 import org.apache.spark.TaskContext;
+import org.apache.spark.api.java.JavaSparkContext;
+import org.apache.spark.broadcast.Broadcast;
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
@@ -119,8 +122,10 @@ public final class PartitionDedup {
     }
     StateStoreConf storeConf = new StateStoreConf(df.sparkSession().sessionState().conf(),
         scala.collection.immutable.Map$.MODULE$.empty());
-    Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf,
-        new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()), windowMs));
+    // Broadcast, as Spark's file sources do: in the plan, every task read the whole Hadoop configuration again.
+    Broadcast<SerializableConfiguration> hadoopConf = JavaSparkContext.fromSparkContext(df.sparkSession()
+        .sparkContext()).broadcast(new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()));
+    Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs));
     Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
         .toArray(Column[]::new));
     Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
@@ -137,8 +142,12 @@ public final class PartitionDedup {
   }
 
   /** What every task needs: fixed when the query's plan is made. */
-  record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, SerializableConfiguration hadoopConf,
-      long windowMs) implements Serializable {}
+  record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, Broadcast<SerializableConfiguration> hadoopConf,
+      long windowMs) implements Serializable {
+    Configuration hadoop() {
+      return hadoopConf.value().value();
+    }
+  }
 
   /**
    * The expression's target, one copy a task (Spark deserializes the plan for each): the rows of one Kafka partition
@@ -275,7 +284,7 @@ public final class PartitionDedup {
 
     private StateStore open(StateStoreProviderId id, KeyStateEncoderSpec spec, long version) {
       return StateStore$.MODULE$.get(id, KEY, VALUE, spec, version, Option.empty(), Option.empty(), true,
-          plan.storeConf(), plan.hadoopConf().value(), false);
+          plan.storeConf(), plan.hadoop(), false);
     }
 
     /** The newest version at or below {@code version} in the store's checkpoint (0: none). */
@@ -283,7 +292,7 @@ public final class PartitionDedup {
       Path dir = new Path(new Path(new Path(plan.stateRoot()), "0"), Integer.toString(partition));
       long latest = 0;
       try {
-        FileSystem fs = dir.getFileSystem(plan.hadoopConf().value());
+        FileSystem fs = dir.getFileSystem(plan.hadoop());
         if (!fs.exists(dir)) {
           return 0;
         }
