@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -70,6 +71,16 @@ class Handover:
             return {t: {int(p): int(v) for p, v in parts.items()} for t, parts in o.items()}
 
         return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]), d.get("plan", ""))
+
+    @staticmethod
+    def from_record(text: str) -> Handover | None:
+        """The record in a checkpoint's hand-over file, or None when it cannot be read: a job killed while it
+        wrote the file on a file system without atomic renames leaves it empty or cut short, and such a
+        checkpoint is set aside like one without a record (the ledger says where to start)."""
+        try:
+            return Handover.from_json(text)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return None
 
     def warmup_partitions(self) -> Offsets:
         """Partitions whose query starts before the resume offset (these have warm-up rows)."""
@@ -262,6 +273,18 @@ class CheckpointFiles:
             stream.close()
 
     def write(self, rel: str, text: str) -> None:
+        """``text`` as the file ``rel``; on this machine's file system written aside and renamed over it, so
+        that a job killed meanwhile leaves the old file or the new one, never a part of one."""
+        local = self._local_file(rel)
+        if local is not None:
+            local.parent.mkdir(parents=True, exist_ok=True)  # as Hadoop's create makes the folders
+            aside = local.with_name(f".{local.name}.tmp")
+            with open(aside, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(aside, local)
+            return
         path = self._path(rel)
         out = self._fs(path).create(path, True)
         try:

@@ -118,7 +118,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     writer claims its partitions first (before any roll-back of a predecessor's batch)."""
     files = ho.CheckpointFiles(spark, config.checkpoint_dir)
     rows = ledger.handover_rows(config.writer_prefix)
-    previous = ho.Handover.from_json(files.read(ho.HANDOVER_FILE)) if files.exists(ho.HANDOVER_FILE) else None
+    previous = ho.Handover.from_record(files.read(ho.HANDOVER_FILE)) if files.exists(ho.HANDOVER_FILE) else None
     owned: ho.Offsets = {}
     for a in assignments:
         owned.update(a.owned)
@@ -134,8 +134,8 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "
                     "since): set aside as %s", config.checkpoint_dir, files.set_aside())
     elif files.exists():
-        log.warning("checkpoint %s has no hand-over record: set aside as %s", config.checkpoint_dir,
-                    files.set_aside())
+        log.warning("checkpoint %s has no hand-over record it can read (none, or one cut short by a kill): set aside "
+                    "as %s", config.checkpoint_dir, files.set_aside())
     committed: ho.Offsets = {}
     fallback: dict[str, int] = {}
     for a in assignments:

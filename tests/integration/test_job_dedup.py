@@ -337,6 +337,29 @@ def test_a_key_in_two_partitions_is_reported(tmp_path: Path, kafka: KafkaServer,
         ("x", "first"), ("y", "first")]
 
 
+def test_a_hand_over_record_cut_short_sets_the_checkpoint_aside_and_stays_exact(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """A replica killed while it wrote its checkpoint's hand-over record left the file empty, and every start
+    after failed on it (a CI run of the rescale test). The job now sets such a checkpoint aside and starts where
+    the ledger says, its state rebuilt from the topic."""
+    path, topic, table = pipeline(tmp_path, kafka)
+    produce(kafka.bootstrap, topic, [sms(f"k-{i}", "first", T0 + timedelta(seconds=i)) for i in range(1000)])
+    first = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 1000," in first, first
+    [record] = (tmp_path / "ckpt").glob("*/glasspipe-handover.json")
+    record.write_text("")
+    produce(kafka.bootstrap, topic, [
+        *[sms(f"k-{i}", "repeat", T0 + timedelta(seconds=i, milliseconds=500)) for i in range(1000)],
+        *[sms(f"n-{i}", "first", T0 + timedelta(seconds=1000 + i)) for i in range(100)],
+    ])
+    second = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "duplicates dropped 1000," in second and "rows written 100," in second, second
+    assert clickhouse.client().execute(
+        f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0] == (1100, 1100, 0)
+    assert [p.name for p in (tmp_path / "ckpt").glob("*.superseded-*")] == ["replica-0-of-1.superseded-0"]
+
+
 def test_turning_per_kafka_partition_on_rebuilds_the_state_from_the_topic(
     tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
 ) -> None:
