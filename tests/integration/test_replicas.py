@@ -8,6 +8,7 @@ import random
 import signal
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,8 @@ class Stream:
     """A keyed SMS stream on a 6-partition topic with a pipeline, and what ClickHouse should end with."""
 
     def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, per_partition: bool = False) -> None:
+        self.started: list[ServerProcess] = []
+        STREAMS.append(self)
         suffix = uuid.uuid4().hex[:8]
         self.kafka, self.ch, self.tmp = kafka, ch, tmp_path
         self.name, self.topic, self.table = f"rep-{suffix}", f"rep-{suffix}", f"rep_{suffix}"
@@ -86,9 +89,11 @@ class Stream:
         return sms_id.encode(), dumps(doc)
 
     def start(self, replicas: int, replica: int) -> ServerProcess:
-        return start_continuous(self.path, self.kafka.bootstrap, f"127.0.0.1:{self.ch.port}", self.checkpoint,
+        job = start_continuous(self.path, self.kafka.bootstrap, f"127.0.0.1:{self.ch.port}", self.checkpoint,
                                 self.tmp / f"r{replica}of{replicas}.log", "--replica", str(replica),
                                 "--replicas", str(replicas))
+        self.started.append(job)
+        return job
 
     def lag(self) -> int:
         return sum(max(0, end - max(c, 0)) for c, end in group_lag(self.kafka.bootstrap,
@@ -117,6 +122,18 @@ class Stream:
         assert not doubled and not missing and not wrong and len(got) == len(self.firsts), (
             f"{len(rows)} rows for {len(self.firsts)} keys; doubled {list(doubled.items())[:5]}, "
             f"missing {sorted(missing)[:5]}, not the first payload {list(wrong.items())[:5]}")
+
+
+STREAMS: list[Stream] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_replica_outlives_its_test() -> Iterator[None]:
+    """A test that fails mid-rescale leaves its other replicas running: a CI run left two for the rest of the
+    suite. Whatever a test started is stopped when it ends."""
+    yield
+    while STREAMS:
+        stop_all(STREAMS.pop().started)
 
 
 def stop_all(jobs: list[ServerProcess]) -> None:
