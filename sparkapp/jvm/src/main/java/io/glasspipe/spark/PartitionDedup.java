@@ -339,10 +339,7 @@ public final class PartitionDedup {
 
     /** {@code key} with its first {@link #SEGMENT_BYTES} set to {@code segment}, ordered as bytes compare. */
     private static byte[] withSegment(byte[] key, long segment) {
-      long ordered = segment ^ Long.MIN_VALUE;
-      for (int i = 0; i < SEGMENT_BYTES; i++) {
-        key[i] = (byte) (ordered >>> (56 - 8 * i));
-      }
+      ByteBuffer.wrap(key).putLong(0, segment ^ Long.MIN_VALUE); // big-endian, sign bit flipped
       return key;
     }
 
@@ -351,20 +348,11 @@ public final class PartitionDedup {
     }
 
     private static byte[] twoLongs(long a, long b) {
-      byte[] out = new byte[16];
-      for (int i = 0; i < 8; i++) {
-        out[i] = (byte) (a >>> (56 - 8 * i));
-        out[8 + i] = (byte) (b >>> (56 - 8 * i));
-      }
-      return out;
+      return ByteBuffer.allocate(16).putLong(a).putLong(b).array();
     }
 
     private static long readLong(byte[] bytes, int at) {
-      long v = 0;
-      for (int i = 0; i < 8; i++) {
-        v = (v << 8) | (bytes[at + i] & 0xFF);
-      }
-      return v;
+      return ByteBuffer.wrap(bytes).getLong(at);
     }
 
     /**
