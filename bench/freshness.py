@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -214,6 +215,28 @@ def batch_progress(log: Path) -> list[tuple[int, int, dict[str, float]]]:
     return out
 
 
+WRITTEN = re.compile(r"batch (\d+): .* ([\d.]+) s \(its first part's Spark job ([\d.]+) s\)")
+
+
+def phases_by_fifth(log: Path, first: int) -> list[tuple[float, float, float]]:
+    """For each fifth of the batches from ``first`` on that read records, in order: the median trigger (the
+    whole batch, Spark's ``triggerExecution``), the median ``foreachBatch`` and, of it, the median Spark job
+    computing the batch (the driver's hand-over to ClickHouse is the rest), in ms. A pipeline that falls behind
+    shows which of them grew."""
+    text = log.read_text(errors="replace")
+    jobs = {int(m.group(1)): (float(m.group(2)), float(m.group(3))) for m in WRITTEN.finditer(text)}
+    rows = [(b, d) for b, n, d in batch_progress(log) if b >= first and n > 0 and b in jobs]
+    if len(rows) < 5:
+        return []
+    out = []
+    for i in range(5):
+        part = rows[i * len(rows) // 5:(i + 1) * len(rows) // 5]
+        out.append((statistics.median(float(d.get("triggerExecution", 0)) for _, d in part),
+                    statistics.median(jobs[b][0] * 1000 for b, _ in part),
+                    statistics.median(jobs[b][1] * 1000 for b, _ in part)))
+    return out
+
+
 def wait_for_rows(poller: Poller, rows: int, job: ServerProcess, timeout: float) -> None:
     """Until the poller has seen ``rows`` first occurrences, the job has died or ``timeout`` seconds passed."""
     deadline = time.monotonic() + timeout
@@ -259,7 +282,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             warmup: float, warmup_rate: float, spark_conf: dict[str, str], max_rows: int = 100_000,
             window: str | None = None, jfr: Path | None = None, settle: float = 0.0,
             code: Path | None = None, poll: float = POLL_S, linger_ms: int = LINGER_MS,
-            max_offsets: int | None = None, scattered_keys: bool = False, variant: str = "dedup") -> dict[str, Any]:
+            max_offsets: int | None = None, scattered_keys: bool = False, variant: str = "dedup",
+            keep_log: Path | None = None) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
@@ -343,6 +367,10 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         if batches:
             print(f"  per micro-batch while measuring (median ms over {batches:.0f} batches with data): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
+        fifths = phases_by_fifth(tmp / f"{table}.log", first_batch)
+        if fifths:
+            print("  by fifth of those batches, median ms of the trigger / foreachBatch / its Spark job: " + "; ".join(
+                f"{t:.0f} / {f:.0f} / {j:.0f}" for t, f, j in fifths), flush=True)
         return {"variant": variant, "offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate,
                 "settle": settle,
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
@@ -350,11 +378,14 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "scattered_keys": scattered_keys,
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
-                "last_fifth": late, "drained": drained, "phases_ms": phases,
+                "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,
                 "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
                 "pipeline_cores_by_thread": {k: v / got["seconds"] for k, v in by_thread.items()}}
     finally:
         job.stop(timeout=60)
+        if keep_log is not None and (tmp / f"{table}.log").exists():
+            keep_log.mkdir(parents=True, exist_ok=True)
+            shutil.copy(tmp / f"{table}.log", keep_log / f"{variant}-{int(rate)}-{table}.log")
 
 
 def main() -> None:
@@ -390,6 +421,7 @@ def main() -> None:
     p.add_argument("--scattered-keys", action="store_true",
                    help="keys scattered over the key space (16 hex digits, as random ids are) instead of made in "
                    "order, each after the last: the state's RocksDB writes and reads lose their locality")
+    p.add_argument("--keep-logs", type=Path, help="copy each run's job log into this directory")
     p.add_argument("--variant", choices=sorted(VARIANTS), default="dedup",
                    help="; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     args = p.parse_args()
@@ -403,7 +435,8 @@ def main() -> None:
                           spark_conf, max_rows=args.max_rows, window=args.window, jfr=args.jfr, settle=args.settle,
                           code=args.code.resolve() if args.code else None, poll=args.poll,
                           linger_ms=args.linger_ms, max_offsets=args.max_offsets,
-                          scattered_keys=args.scattered_keys, variant=args.variant)
+                          scattered_keys=args.scattered_keys, variant=args.variant,
+                          keep_log=args.keep_logs)
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
@@ -121,8 +122,15 @@ class FirstPartAhead(Iterator[pa.Table]):
 
     def __init__(self, worker: SparkWorker, spark: Any, parts: Iterator[pa.Table]) -> None:
         self._parts = parts
-        self._first = worker.submit(spark, lambda: next(parts, None))
+        self._made = time.monotonic()
+        self.first_seconds = 0.0  # from this being made to the first part computed: the batch's Spark job
+        self._first = worker.submit(spark, self._compute_first)
         self._taken = False
+
+    def _compute_first(self) -> pa.Table | None:
+        first = next(self._parts, None)
+        self.first_seconds = time.monotonic() - self._made
+        return first
 
     def __next__(self) -> pa.Table:
         if not self._taken:

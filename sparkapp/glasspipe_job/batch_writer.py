@@ -184,9 +184,10 @@ class BatchWriter:
         t.rows_written += result.rows_written
         t.batches += 1
         t.replayed_batches += int(result.skipped_replay)
-        log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %d part(s), %.2f s", batch_id,
-                 result.rows_written, seen.duplicates, seen.dead, " (replay: already committed)"
-                 if result.skipped_replay else "", seen.parts, time.monotonic() - started)
+        log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %d part(s), %.2f s (its first part's "
+                 "Spark job %.2f s)", batch_id, result.rows_written, seen.duplicates, seen.dead,
+                 " (replay: already committed)" if result.skipped_replay else "", seen.parts,
+                 time.monotonic() - started, tables.first_seconds)
 
     def _batch_records(self, files: CheckpointFiles, batch_id: int,
                        offsets: list[dict[str, dict[str, int]]]) -> int | None:
