@@ -383,3 +383,47 @@ def test_turning_per_kafka_partition_on_rebuilds_the_state_from_the_topic(
         f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0] == (1100, 1100, 0)
     assert "warm-up rows 1000," in second, second  # the state was rebuilt from the records written before
     assert [p.name for p in (tmp_path / "ckpt").glob("*.superseded-*")] == ["replica-0-of-1.superseded-0"]
+
+
+def test_a_batch_spark_committed_before_clickhouse_did_runs_again(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Per Kafka partition a batch's rows go to ClickHouse behind the query, while Spark computes the next batch: a
+    job stopped in between leaves a checkpoint whose commit log holds a batch the ledger does not. Here the last
+    batch's ledger commit and rows are deleted, as such a stop leaves them; the restart must run that batch again
+    (without the roll-back Spark starts after it and its rows are lost)."""
+    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=300, per_partition=True)
+    produce(kafka.bootstrap, topic, [sms(f"k-{i}", "first", T0 + timedelta(seconds=i)) for i in range(1000)])
+    first = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 1000," in first, first
+    ch = clickhouse.client()
+    marker = "_glasspipe_batch"
+    writer = str(ch.execute(f"SELECT any({marker}) FROM {table}")[0][0]).rsplit("/", 2)[0]
+    [(last,)] = ch.execute("SELECT max(batch_id) FROM glasspipe_ledger WHERE writer = %(w)s AND state = 'done'",
+                           {"w": writer})
+    prefix = f"{writer}/{last}/"
+    where = f"substring({marker}, 1, {len(prefix.encode())}) = %(p)s"
+    [(lost,)] = ch.execute(f"SELECT count() FROM {table} WHERE {where}", {"p": prefix})
+    assert lost > 0, f"the last batch ({last}) wrote no rows: nothing to lose"
+    ch.execute(f"ALTER TABLE {table} DELETE WHERE {where}", {"p": prefix})
+    ch.execute("ALTER TABLE glasspipe_ledger DELETE WHERE writer = %(w)s AND batch_id = %(b)s AND state = 'done'",
+               {"w": writer, "b": last})
+    deadline = time.monotonic() + 60
+    while (ch.execute(f"SELECT count() FROM {table} WHERE {where}", {"p": prefix})[0][0]
+           or ch.execute("SELECT count() FROM glasspipe_ledger WHERE writer = %(w)s AND batch_id = %(b)s AND "
+                         "state = 'done'", {"w": writer, "b": last})[0][0]):
+        assert time.monotonic() < deadline, "ClickHouse's DELETEs did not finish in 60 s"
+        time.sleep(0.2)
+    produce(kafka.bootstrap, topic, [
+        # repeats of the last keys, within the allowed lateness (1m): the state rolled back with the batch knows them
+        *[sms(f"k-{i}", "repeat", T0 + timedelta(seconds=i, milliseconds=500)) for i in range(950, 1000)],
+        *[sms(f"n-{i}", "first", T0 + timedelta(seconds=1000 + i)) for i in range(100)],
+    ])
+    again = run_to_end(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt")
+    log = again.stdout + again.stderr
+    rolled_back = f"batch {last} is in the checkpoint's commit log but not committed in ClickHouse's ledger"
+    assert rolled_back in log, log[-4000:]
+    summary = totals(again.stdout)
+    assert f"rows written {lost + 100}," in summary and "duplicates dropped 50," in summary, summary
+    assert ch.execute(f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0] == (
+        1100, 1100, 0)
