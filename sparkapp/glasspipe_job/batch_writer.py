@@ -18,7 +18,6 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +30,7 @@ from pyspark.sql import functions as F
 
 from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker, arrow_partitions
-from glasspipe_job.clickhouse.sink import ClickHouseSink, WriteResult
+from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
 from glasspipe_job.handover import CheckpointFiles, Offsets, merge_offsets, records_between
@@ -113,16 +112,13 @@ class BatchWriter:
 
     def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
                  groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, batch_bound: int = 0,
-                 first_start: Offsets | None = None, one_part: bool = False, hand_over_behind: bool = False) -> None:
+                 first_start: Offsets | None = None, one_part: bool = False) -> None:
         """``batch_bound``: the records of the largest batch (maxOffsetsPerTrigger); a batch known to be smaller
         is taken in fewer, larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a
         join, whose output may outgrow its input). ``first_start``: where the checkpoint's batch 0 starts (the
         hand-over's ``read_from``, persisted, so a replay sizes it alike); Kafka's "earliest"/"latest" (-2/-1)
         there count as offset 0 at most, which can only overstate the batch, never understate it. ``one_part``:
-        every batch in one part (arrow_parts.arrow_partitions). ``hand_over_behind``: a batch's rows are handed
-        to ClickHouse in the background while Spark goes on to the next batch, whose call waits for it (after its
-        own Spark job) and raises its error; Spark so commits a batch before the ledger does, and a restart runs
-        that batch again (runner.prepare_handover, handover.unconfirmed_batch). One part only."""
+        every batch in one part (arrow_parts.arrow_partitions)."""
         self.config = config
         self.one_part = one_part
         self.batch_bound = batch_bound
@@ -136,10 +132,6 @@ class BatchWriter:
         self.checkpoint = checkpoint
         self.failure: Exception | None = None  # the error a micro-batch raised (see __call__)
         self._ahead = SparkWorker()  # computes each batch's first part (arrow_parts.FirstPartAhead)
-        self.hand_over_behind = hand_over_behind and one_part
-        self._behind: Future[None] | None = None  # the previous batch's hand-over, while it runs behind
-        self._hand_overs = ThreadPoolExecutor(1, thread_name_prefix="glasspipe-hand-over") if self.hand_over_behind \
-            else None
         self.output_names = [c.name for c in config.columns]
         self.required = [c.name for c in config.columns if not parse_clickhouse_type(c.clickhouse_type).nullable]
 
@@ -152,60 +144,27 @@ class BatchWriter:
             self.failure = e
             raise
 
-    def finish(self) -> None:
-        """Wait for the hand-over running behind the query (the last batch's, once the query stopped); raise its
-        error, once."""
-        behind, self._behind = self._behind, None
-        if behind is not None:
-            behind.result()
-
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()
         files = CheckpointFiles(df.sparkSession, self.checkpoint)
         offsets, watermark = files.offset_log_and_watermark(batch_id)
         # for deduplication per Kafka partition, whose tasks flag late rows and expire state by it (jvm.py)
         set_batch_watermark(df.sparkSession, watermark)
+        seen = _BatchCounts()
         # The batch's Spark job starts now, in the worker, while the sink looks the batch up in its ledger and
-        # announces it there (or, with the hand-over behind, while the previous batch's hand-over goes on).
+        # announces it there.
         tables = FirstPartAhead(self._ahead, df.sparkSession,
                                 arrow_partitions(df, self._batch_records(files, batch_id, offsets), self.batch_bound,
                                                  self.one_part))
-        if self._hand_overs is not None:
-            try:
-                part = list(tables)  # one part (none for a batch without data): Spark's state moves to this batch
-            finally:
-                tables.close()
-            self._check_key_partitioning(df)
-            self.finish()  # the previous batch is in ClickHouse before this one is handed over
-            self._behind = self._hand_overs.submit(self._hand_over, batch_id, iter(part), offsets, started,
-                                                   tables.first_seconds)
-            return
-        seen = _BatchCounts()
         try:
-            result = self._send(batch_id, tables, offsets, seen)
+            result = self.sink.write_parts(batch_id, self._kept_parts(tables, seen),
+                                           json.dumps(offsets, sort_keys=True))
             if result.skipped_replay and not tables.computed():
                 # Committed before a crash (its dead letters were sent before that): nothing is sent or written
                 # again, but the plan still runs so that Spark's state moves to this batch's version.
                 df.write.format("noop").mode("overwrite").save()
         finally:
             tables.close()
-        self._check_key_partitioning(df)
-        self._account(batch_id, result, seen, offsets, started, tables.first_seconds)
-
-    def _hand_over(self, batch_id: int, parts: Iterator[pa.Table], offsets: list[dict[str, dict[str, int]]],
-                   started: float, job_seconds: float) -> None:
-        """A batch computed already, handed over behind the query."""
-        seen = _BatchCounts()
-        self._account(batch_id, self._send(batch_id, parts, offsets, seen), seen, offsets, started, job_seconds)
-
-    def _send(self, batch_id: int, parts: Iterator[pa.Table], offsets: list[dict[str, dict[str, int]]],
-              seen: _BatchCounts) -> WriteResult:
-        """Dead letters to their topic and rows to ClickHouse, part by part, committed in the ledger."""
-        return self.sink.write_parts(batch_id, self._kept_parts(parts, seen), json.dumps(offsets, sort_keys=True))
-
-    def _account(self, batch_id: int, result: WriteResult, seen: _BatchCounts,
-                 offsets: list[dict[str, dict[str, int]]], started: float, job_seconds: float) -> None:
-        """After the batch's ledger commit: its end offsets to the consumer groups, its figures to the metrics."""
         if not result.skipped_replay:  # the batch's ledger row was just written: its rows are committed now
             self.metrics.observe_commit(time.time(), seen.kafka_micros(), seen.event_micros())
         for group, source_offsets in zip(self.groups, offsets, strict=False):
@@ -214,6 +173,7 @@ class BatchWriter:
             except RuntimeError as e:  # offsets are also in the checkpoint: the next batch commits again
                 log.warning("%s", e)
         m = self.metrics
+        self._check_key_partitioning(df)
         m.dead_lettered.inc(seen.dead)
         m.duplicates.inc(seen.duplicates)
         m.rows_written.inc(result.rows_written)
@@ -227,7 +187,7 @@ class BatchWriter:
         log.info("batch %d: %d written, %d duplicates, %d dead-lettered%s in %d part(s), %.2f s (its first part's "
                  "Spark job %.2f s)", batch_id, result.rows_written, seen.duplicates, seen.dead,
                  " (replay: already committed)" if result.skipped_replay else "", seen.parts,
-                 time.monotonic() - started, job_seconds)
+                 time.monotonic() - started, tables.first_seconds)
 
     def _batch_records(self, files: CheckpointFiles, batch_id: int,
                        offsets: list[dict[str, dict[str, int]]]) -> int | None:

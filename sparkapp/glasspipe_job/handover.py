@@ -185,17 +185,6 @@ def resumable(previous: Handover | None, committed: Offsets | None, rows: Sequen
     return not is_superseded(committed or previous.resume, ledger_progress(rows, except_writer=previous.writer_id))
 
 
-def unconfirmed_batch(latest_commit: int | None, rows: Sequence[tuple[str, int, str, str]],
-                      writer_id: str) -> int | None:
-    """The batch the checkpoint committed (``latest_commit``, its newest commit-log entry) that the ledger has not:
-    with the hand-over behind the query (batch_writer.BatchWriter's ``hand_over_behind``) Spark commits a batch
-    while its rows are still on their way to ClickHouse, and a crash then must run that batch again. At most the
-    batch right after the writer's last ``done`` one (the next batch waits for it); None when there is none."""
-    rolled = {b for w, b, st, _ in rows if w == writer_id and st == ROLLED_BACK}
-    last_done = max((b for w, b, st, _ in rows if w == writer_id and st == DONE and b not in rolled), default=-1)
-    return latest_commit if latest_commit is not None and latest_commit == last_done + 1 else None
-
-
 def new_writer_id(prefix: str, replica: int, replicas: int) -> str:
     return f"{prefix}{replica}of{replicas}-{uuid.uuid4().hex[:8]}"
 
@@ -310,37 +299,6 @@ class CheckpointFiles:
             return []
         return [int(s.getPath().getName()) for s in fs.listStatus(path) if s.getPath().getName().isdigit()]
 
-    def latest_commit(self) -> int | None:
-        """The newest batch in Spark's commit log; None before the first."""
-        return max(self._batch_ids("commits"), default=None)
-
-    def roll_back_batch(self, batch_id: int, state_folder: str) -> list[str]:
-        """Make Spark run ``batch_id`` again, as if it had not committed it: its commit-log entry, the offset-log
-        entries after it and the state versions its run and later ones wrote (batch v writes version v + 1) under
-        ``state_folder`` are deleted (with Hadoop's checksum files). Spark then replays the batch from its offset
-        log entry and the state version it started from: the same rows. Returns the paths deleted."""
-        deleted: list[str] = []
-        fs = self._fs(self._path(""))
-
-        def delete(path: Any) -> None:
-            for p in (path, self.jvm.org.apache.hadoop.fs.Path(path.getParent(), f".{path.getName()}.crc")):
-                if fs.exists(p) and fs.delete(p, False):
-                    deleted.append(str(p))
-
-        delete(self._path(f"commits/{batch_id}"))
-        for later in self._batch_ids("offsets"):
-            if later > batch_id:
-                delete(self._path(f"offsets/{later}"))
-        pending = [self._path(state_folder)] if self.exists(state_folder) else []
-        while pending:  # <folder>/<source>/<operator>/<partition>/<version>[_<id>].{changelog,zip,delta,snapshot}
-            for st in fs.listStatus(pending.pop()):
-                name = st.getPath().getName()
-                if st.isDirectory():
-                    pending.append(st.getPath())
-                elif (version := _state_version(name)) is not None and version > batch_id:
-                    delete(st.getPath())
-        return deleted
-
     def latest_committed(self) -> Offsets | None:
         """End offsets of the newest batch Spark committed (commit log), from its offset log entry; None
         before the first commit."""
@@ -368,16 +326,6 @@ class CheckpointFiles:
         dst = f"{self.root}.superseded-{n}"
         fs.rename(src, self.jvm.org.apache.hadoop.fs.Path(dst))
         return dst
-
-
-def _state_version(name: str) -> int | None:
-    """The version of a state store file (Spark's ``12.changelog``, ``12.zip``, ``12_<id>.zip``, ``12.delta``,
-    ``12.snapshot``); None for other files (RocksDB's SST files, metadata)."""
-    stem, _, ext = name.partition(".")
-    if ext not in ("changelog", "zip", "delta", "snapshot"):
-        return None
-    version = stem.split("_", 1)[0]
-    return int(version) if version.isdigit() else None
 
 
 # ------------------------------------------------------------------------------------- Kafka reads

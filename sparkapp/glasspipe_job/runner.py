@@ -71,14 +71,9 @@ class RunningPipeline:
     writer: BatchWriter | None = None
 
     def close(self) -> None:
-        """After the query stopped: the hand-over still running behind it finishes first (and raises its error)."""
-        try:
-            if self.writer is not None:
-                self.writer.finish()
-        finally:
-            for a in self.assignments:
-                a.group.close()
-            self.sink.close()
+        for a in self.assignments:
+            a.group.close()
+        self.sink.close()
 
 
 def assign_partitions(config: JobConfig) -> list[SourceAssignment]:
@@ -133,8 +128,6 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
                     "Upgrading glasspipe): set aside as %s", config.checkpoint_dir, previous.plan, plan,
                     files.set_aside())
     elif previous is not None:
-        if hands_over_behind(config):
-            _replay_unconfirmed(files, rows, previous.writer_id)
         if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
             return previous, claim(config, ledger, rows, previous.writer_id, previous.resume)
@@ -167,24 +160,6 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     log.info("new checkpoint %s as writer %s: resume %s, read from %s", config.checkpoint_dir, start.writer_id,
              start.resume, read_from)
     return decision, fence
-
-
-def hands_over_behind(config: JobConfig) -> bool:
-    """Whether a batch's rows go to ClickHouse behind the query, while Spark computes the next batch
-    (batch_writer.BatchWriter's ``hand_over_behind``): deduplication per Kafka partition, whose batches reach the
-    driver in one part."""
-    return config.spec.join is None and per_kafka_partition(config.spec.sources[0])
-
-
-def _replay_unconfirmed(files: ho.CheckpointFiles, rows: list[LedgerRow], writer_id: str) -> None:
-    """A job stopped while a batch Spark had committed was on its way to ClickHouse: roll the checkpoint back so
-    that Spark runs that batch again (handover.unconfirmed_batch)."""
-    batch = ho.unconfirmed_batch(files.latest_commit(), rows, writer_id)
-    if batch is not None:
-        deleted = files.roll_back_batch(batch, PARTITION_DEDUP_STATE)
-        log.warning("batch %d is in the checkpoint's commit log but not committed in ClickHouse's ledger (the job "
-                    "stopped while its rows were handed over): running it again (deleted %d checkpoint files: %s)",
-                    batch, len(deleted), ", ".join(deleted[:6]))
 
 
 # Recorded in the hand-over record as the plan of a checkpoint whose source deduplicates per Kafka partition, with
@@ -257,7 +232,7 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     bound = 0 if spec.join is not None else batch_bound(config, spec.sources[0], driver_heap_bytes(spark))
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
                          [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from,
-                         one_part=hands_over_behind(config), hand_over_behind=hands_over_behind(config))
+                         one_part=spec.join is None and per_kafka_partition(spec.sources[0]))
     stream = (writer.collected(out).writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:
