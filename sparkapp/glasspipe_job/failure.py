@@ -55,10 +55,24 @@ def _first_line(text: str) -> str:
     return ""
 
 
+def _lost_jvm(exc: BaseException) -> bool:
+    """Whether ``exc`` is py4j losing the driver's JVM: its own network error, or the socket error it raised
+    while reconnecting to a JVM that is gone (a refused connection once the process died)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if type(seen).__name__ == "Py4JNetworkError" and type(seen).__module__.startswith("py4j"):
+            return True
+        seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
+    return False
+
+
 def explain(exc: BaseException) -> str:
     """One line on why the replica stopped (not yet redacted)."""
     if isinstance(exc, JobFailure) or type(exc).__module__.startswith("glasspipe"):
         return str(exc)  # our own exceptions word their messages for people (SinkError, SpecInvalid, ...)
+    if _lost_jvm(exc):
+        return (f"the driver's Spark JVM is gone ({type(exc).__name__}: {_first_line(str(exc))}): it crashed (see "
+                "the log above) or was killed, for example for memory (then raise spec.spark.driver.memory)")
     text = str(exc)
     for pattern, template in _JAVA_PATTERNS:
         m = pattern.search(text)

@@ -142,3 +142,28 @@ def test_a_failed_driver_s_own_words_lead_the_degraded_message() -> None:
     assert degraded.message == ("replica p-0 is FAILING: SASL authentication failed for user 'u' on broker b:9093 "
                                 "(driver container failed with ExitCode: 1, Reason: Error)")
     assert a.replica_statuses[0]["message"].startswith("SASL authentication failed")
+
+
+def test_a_driver_whose_jvm_is_gone_says_so() -> None:
+    """A `glasspipe run` whose JVM was SIGKILLed ended on py4j's reconnect: `ConnectionRefusedError` raised while
+    handling its `Py4JNetworkError`. The line says the JVM is gone, not only that a connection was refused."""
+    from py4j.protocol import Py4JNetworkError
+
+    with pytest.raises(ConnectionRefusedError) as refused:
+        try:
+            raise Py4JNetworkError("Answer from Java side is empty")
+        except Py4JNetworkError:
+            raise ConnectionRefusedError(111, "Connection refused")  # noqa: B904 (py4j's own shape: a context)
+    line = failure.explain(refused.value)
+    assert line.startswith("the driver's Spark JVM is gone (ConnectionRefusedError: [Errno 111] Connection refused)")
+    assert "spec.spark.driver.memory" in line
+    assert failure.explain(Py4JNetworkError("Error while sending")).startswith("the driver's Spark JVM is gone")
+    # a refused connection that is not py4j's stays as it was
+    assert failure.explain(ConnectionRefusedError(111, "Connection refused")) == \
+        "ConnectionRefusedError: [Errno 111] Connection refused"
+    with pytest.raises(ConnectionRefusedError) as elsewhere:
+        try:
+            raise ValueError("not py4j")
+        except ValueError:
+            raise ConnectionRefusedError(111, "Connection refused")  # noqa: B904
+    assert not failure.explain(elsewhere.value).startswith("the driver's Spark JVM is gone")
