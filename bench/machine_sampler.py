@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from clickhouse_driver import Client
+from thread_cpu import process_cpu
 
 PROCESSES = {"ch": r"clickhouse-server --config-file", "kafka": r"kafka\.Kafka|KafkaRaftServer",
              "spark": r"org\.apache\.spark\.deploy\.SparkSubmit"}
@@ -33,14 +34,6 @@ def find(pattern: str) -> tuple[int | None, str]:
     return None, ""
 
 
-def cpu_ticks(pid: int) -> int:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0
-    return int(fields[11]) + int(fields[12])  # utime + stime
-
-
 def machine_ticks() -> list[int]:
     return [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
 
@@ -53,12 +46,17 @@ def clickhouse_client(cmd: str) -> Client | None:
 
 def main(out_path: str) -> None:
     client: Client | None = None
-    before: dict[str, int] = {}
+    before: dict[str, float] = {}
+    pids: dict[str, tuple[int | None, str]] = {}
     last = machine_ticks()
     with open(out_path, "w") as out:
         while True:
             time.sleep(1)
-            pids = {name: find(pattern) for name, pattern in PROCESSES.items()}
+            for name, pattern in PROCESSES.items():  # looked up again only once gone (a benchmark's next server)
+                pid = pids.get(name, (None, ""))[0]
+                if pid is None or not Path(f"/proc/{pid}").exists():
+                    pids[name] = find(pattern)
+                    before.pop(name, None)
             if client is None and pids["ch"][0] is not None:
                 client = clickhouse_client(pids["ch"][1])
             now = machine_ticks()
@@ -68,10 +66,9 @@ def main(out_path: str) -> None:
                                    "sys": round(100 * d[2] / total), "iowait": round(100 * d[4] / total),
                                    "idle": round(100 * d[3] / total)}
             for name, (pid, _cmd) in pids.items():
-                if pid is not None:
-                    ticks = cpu_ticks(pid)
-                    row[name] = round((ticks - before.get(name, ticks)) / 100, 2)
-                    before[name] = ticks
+                if pid is not None and (seconds := process_cpu(pid)) is not None:
+                    row[name] = round(seconds - before.get(name, seconds), 2)
+                    before[name] = seconds
             if client is not None:
                 try:
                     row["merges"] = client.execute("SELECT count(), sum(total_size_bytes_compressed), max(elapsed), "

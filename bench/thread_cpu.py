@@ -61,6 +61,12 @@ def _stat(path: str) -> tuple[str, float] | None:
     return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / _CLK
 
 
+def process_cpu(pid: int) -> float | None:
+    """CPU seconds one process has used so far; None once it is gone."""
+    st = _stat(f"/proc/{pid}/stat")
+    return None if st is None else st[1]
+
+
 def tree_cpu(root: int | None) -> float:
     """CPU seconds the live processes of the tree under ``root`` have used so far (0 for None)."""
     stats = (_stat(f"/proc/{pid}/stat") for pid in (descendants(root) if root is not None else ()))

@@ -15,6 +15,8 @@ import sys
 import traceback
 from collections.abc import Iterable
 
+from py4j.protocol import Py4JNetworkError
+
 from glasspipe import contract
 
 MAX_TERMINATION_MESSAGE = 4096  # the kubelet keeps at most this many bytes of the file
@@ -60,7 +62,7 @@ def _lost_jvm(exc: BaseException) -> bool:
     while reconnecting to a JVM that is gone (a refused connection once the process died)."""
     seen: BaseException | None = exc
     while seen is not None:
-        if type(seen).__name__ == "Py4JNetworkError" and type(seen).__module__.startswith("py4j"):
+        if isinstance(seen, Py4JNetworkError):
             return True
         seen = seen.__cause__ or (None if seen.__suppress_context__ else seen.__context__)
     return False
