@@ -414,3 +414,71 @@ def test_a_table_whose_dedup_key_column_is_nullable_is_created(clickhouse: Click
         made.close()
     [(ddl,)] = clickhouse.client().execute(f"SHOW CREATE TABLE {table}")
     assert "sms_id Nullable(String)" in ddl and "ORDER BY sent_at" in ddl, ddl
+
+
+def test_arrow_chunks_sent_as_native_bytes_store_what_the_driver_path_stores(clickhouse: ClickHouseServer) -> None:
+    """The same Arrow rows through the Native encoding (native_block.py) and through the driver's Python values:
+    the same table contents, for strings of every varint width, NULLs, numbers, times and dates; a column type
+    without an encoding sends the chunk the driver's way."""
+    import pyarrow as pa
+
+    cols = [
+        OutputColumn("id", "`id`", "Int64", None),
+        OutputColumn("txt", "`txt`", "String", None),
+        OutputColumn("maybe", "`maybe`", "Nullable(String)", None),
+        OutputColumn("n", "`n`", "Nullable(Int32)", None),
+        OutputColumn("flag", "`flag`", "UInt8", None),
+        OutputColumn("f", "`f`", "Float32", None),
+        OutputColumn("ts", "`ts`", "DateTime", None),
+        OutputColumn("day", "`day`", "Date", None),
+    ]
+    n = 1000
+    texts = ["", "é", "x" * 127, "y" * 128, "z" * 20_000, "日本語"]
+    data = pa.table({
+        "id": pa.array(range(n), pa.int64()),
+        "txt": pa.array([texts[i % len(texts)] + str(i) for i in range(n)]),
+        "maybe": pa.array([None if i % 3 == 0 else f"m{i}" for i in range(n)]),
+        "n": pa.array([None if i % 4 == 0 else i - 500 for i in range(n)], pa.int32()),
+        "flag": pa.array([i % 2 == 0 for i in range(n)]),
+        "f": pa.array([i / 8 for i in range(n)], pa.float64()),
+        "ts": pa.array([T0 + dt.timedelta(seconds=i, microseconds=999_999) for i in range(n)],
+                       pa.timestamp("us", tz="UTC")),
+        "day": pa.array([dt.date(2024, 1, 1) + dt.timedelta(days=i) for i in range(n)], pa.date32()),
+    })
+    contents = []
+    for native in (True, False):
+        table = new_table()
+        with ClickHouseSink([f"127.0.0.1:{clickhouse.port}"], "default", table, cols,
+                            f"default.native-{int(native)}", max_rows=300, create_table=True, order_by=["id"]) as sink:
+            sink._native = native
+            res = sink.write_batch(0, data, "o")
+        assert (res.rows_written, res.chunks, res.native_chunks) == (n, 4, 4 if native else 0)
+        contents.append(clickhouse.client().execute(
+            f"SELECT id, txt, maybe, n, flag, f, toUnixTimestamp(ts), day, "
+            f"replaceRegexpOne({MARKER_COLUMN}, '^[^/]*/', '') FROM {table} ORDER BY id"))
+    assert contents[0] == contents[1]
+    assert len(contents[0]) == n and contents[0][4][1] == "z" * 20_000 + "4" and contents[0][3][2] is None
+
+    lc = new_table()  # LowCardinality(String) has no encoding here: the driver's way, the same rows
+    lc_cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("s", "`s`", "LowCardinality(String)", None)]
+    with ClickHouseSink([f"127.0.0.1:{clickhouse.port}"], "default", lc, lc_cols, "default.native-lc",
+                        create_table=True, order_by=["id"]) as sink:
+        res = sink.write_batch(0, pa.table({"id": [1, 2], "s": ["a", "b"]}), "o")
+    assert (res.rows_written, res.native_chunks) == (2, 0)
+    assert clickhouse.client().execute(f"SELECT id, s FROM {lc} ORDER BY id") == [(1, "a"), (2, "b")]
+
+
+def test_a_table_whose_types_changed_under_the_sink_gets_the_driver_path(clickhouse: ClickHouseServer) -> None:
+    """The server's sample block, not the types read at open, decides: a column altered after the sink opened
+    makes the Native INSERT end with no rows and the chunk go as the driver's values, converted to the new type."""
+    import pyarrow as pa
+
+    table = new_table()
+    cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("v", "`v`", "Int32", None)]
+    with ClickHouseSink([f"127.0.0.1:{clickhouse.port}"], "default", table, cols, "default.altered-0",
+                        create_table=True, order_by=["id"]) as sink:
+        first = sink.write_batch(0, pa.table({"id": [1], "v": pa.array([10], pa.int32())}), "o")
+        clickhouse.client().execute(f"ALTER TABLE {table} MODIFY COLUMN v Int64")
+        second = sink.write_batch(1, pa.table({"id": [2], "v": pa.array([20], pa.int32())}), "o")
+    assert (first.native_chunks, second.native_chunks) == (1, 0)
+    assert clickhouse.client().execute(f"SELECT id, v FROM {table} ORDER BY id") == [(1, 10), (2, 20)]

@@ -24,6 +24,8 @@ from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, Ledger,
 from glasspipe_job.clickhouse.mechanism import Mechanism
 from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
+from glasspipe_job.clickhouse.native_block import encode_column, encode_constant_string
+from glasspipe_job.clickhouse.native_insert import EncodedColumn, can_insert_encoded, insert_encoded
 from glasspipe_job.clickhouse.table import ClickHouseTable, SinkColumn
 from glasspipe_job.clickhouse.values import (
     canonical_order,
@@ -42,6 +44,7 @@ class WriteResult:
     skipped_replay: bool  # the ledger already had this batch: nothing was written
     chunks_skipped: int = 0  # chunks found already in the table (a crashed predecessor wrote them)
     attempts: int = 1
+    native_chunks: int = 0  # chunks sent as Native column bytes (native_block.py), not as the driver's values
 
 
 def _overlaps(marker: str, lo: int, hi: int) -> bool:
@@ -131,6 +134,7 @@ class ClickHouseSink:
         # main loop's check_fence_between_batches skips while it is held. One clickhouse-driver connection
         # must never run two queries at once ("Simultaneous queries on single connection detected").
         self._writing = threading.RLock()
+        self._native = True  # Arrow chunks go as Native column bytes (native_block.py) until the server disagrees
 
     @property
     def mechanism(self) -> Mechanism | None:
@@ -285,7 +289,7 @@ class ClickHouseSink:
         present: dict[str, int] = {}
         if table.has_marker and check_first:
             present = table.retrying("looking for chunks stored before", lambda _a: self.chunks_present(batch_id))
-        stats = {"written": 0, "skipped": 0, "attempts": 1, "chunks": 0}
+        stats = {"written": 0, "skipped": 0, "attempts": 1, "chunks": 0, "native": 0}
         expected: dict[str, int] = {}  # every chunk of the batch so far: marker -> rows
         base = 0
         for part in parts:
@@ -322,23 +326,29 @@ class ClickHouseSink:
         if stats["skipped"]:
             log.warning("batch %d: %d chunk(s) were already in %s (written before a crash) and were skipped",
                         batch_id, stats["skipped"], table.full_table)
-        return WriteResult(stats["written"], stats["chunks"], False, stats["skipped"], stats["attempts"])
+        return WriteResult(stats["written"], stats["chunks"], False, stats["skipped"], stats["attempts"],
+                           stats["native"])
 
-    def _insert_chunk(self, batch_id: int, marker: str, cols: list[list[Any]], n: int, stats: dict[str, int]) -> None:
+    def _insert_chunk(self, batch_id: int, marker: str, chunk: pa.Table | list[list[Any]], n: int,
+                      stats: dict[str, int]) -> None:
         """One chunk as one block, retried: on a retry a chunk found complete is our own INSERT that landed
-        (only its answer was lost); a partial one is deleted (waited for) and sent again."""
+        (only its answer was lost); a partial one is deleted (waited for) and sent again. An Arrow chunk goes
+        as Native column bytes when every column has an exact encoding (native_block.py), else as the driver's
+        Python values."""
         table = self.table
         names = [c.name for c in table.columns]
         if table.has_marker:
             names.append(MARKER_COLUMN)
-            cols = [*cols, [marker] * n]
         insert_sql = f"INSERT INTO {table.full_table} ({', '.join(quote_ident(x) for x in names)}) VALUES"
         settings: dict[str, Any] = {"insert_block_size": max(n, 1)}
         if table.mechanism is Mechanism.TOKEN:
             settings.update(insert_deduplicate=1, insert_deduplication_token=marker)
         watch = table.mutation_watch(f"deleting partial chunk {marker}")
+        encoded = self._encoded(chunk, marker, n) if isinstance(chunk, pa.Table) else None
+        values: list[list[Any]] | None = None if isinstance(chunk, pa.Table) else chunk
 
         def attempt(k_attempt: int) -> None:
+            nonlocal values
             if k_attempt > 0:
                 stats["attempts"] = max(stats["attempts"], k_attempt + 1)
             if k_attempt > 0 and table.has_marker:
@@ -350,11 +360,40 @@ class ClickHouseSink:
                         self._delete_markers([marker])
                         watch.issued()
                     raise watch.pending()
+            if encoded is not None and self._native and can_insert_encoded(self._client):
+                if insert_encoded(self._client, insert_sql, encoded, n, settings):
+                    stats["native"] += 1
+                    return
+                self._native = False
+                log.info("%s's columns are not the types its Native encoding expected (%s): chunks go as "
+                         "Python values from now on", table.full_table, [(c.name, c.ch_type) for c in encoded])
+            if values is None:
+                values = self._arrow_values(chunk)
+            cols = [*values, [marker] * n] if table.has_marker else values
             # fresh lists on every attempt: the driver rewrites them in place
             self._client.execute(insert_sql, [list(c) for c in cols], columnar=True, settings=settings)
 
         table.retrying(f"writing chunk {marker} to {table.full_table}", attempt)
         stats["written"] += n
+
+    def _encoded(self, chunk: pa.Table, marker: str, n: int) -> list[EncodedColumn] | None:
+        """The chunk's columns (and its marker) as Native bytes; None when a column has no exact encoding."""
+        if not self._native:
+            return None
+        types = self.table.table_types
+        out = []
+        for c in self.table.columns:
+            data = encode_column(c.name, types[c.name], chunk.column(c.name))
+            if data is None:
+                return None
+            out.append(EncodedColumn(c.name, types[c.name], data))
+        if self.table.has_marker:
+            out.append(EncodedColumn(MARKER_COLUMN, "String", encode_constant_string(marker, n)))
+        return out
+
+    def _arrow_values(self, chunk: pa.Table) -> list[list[Any]]:
+        types = self.table.table_types
+        return [convert_arrow_column(c.name, types[c.name], chunk.column(c.name)) for c in self.table.columns]
 
     def _ordered(self, data: Mapping[str, Sequence[Any]] | pa.Table, ordered: bool) -> pa.Table | list[list[Any]]:
         """A part's columns in the table's order: an Arrow table (converted chunk by chunk) or, for a mapping,
@@ -369,11 +408,9 @@ class ClickHouseSink:
                 return arrow.take(order)
         return self._converted(data, ordered)
 
-    def _chunk(self, rows: pa.Table | list[list[Any]], lo: int, hi: int) -> list[list[Any]]:
+    def _chunk(self, rows: pa.Table | list[list[Any]], lo: int, hi: int) -> pa.Table | list[list[Any]]:
         if isinstance(rows, pa.Table):
-            types = self.table.table_types
-            part = rows.slice(lo, hi - lo)
-            return [convert_arrow_column(c.name, types[c.name], part.column(c.name)) for c in self.table.columns]
+            return rows.slice(lo, hi - lo)
         return [col[lo:hi] for col in rows]
 
     def _converted(self, data: Mapping[str, Sequence[Any]] | pa.Table, ordered: bool) -> list[list[Any]]:

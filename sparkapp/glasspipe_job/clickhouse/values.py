@@ -175,7 +175,7 @@ def convert_column(name: str, ch_type: str, values: Sequence[Any]) -> list[Any]:
         ) from e
 
 
-def _null_error(name: str, ch_type: str, values: pa.Array | pa.ChunkedArray) -> SinkError:
+def null_error(name: str, ch_type: str, values: pa.Array | pa.ChunkedArray) -> SinkError:
     first = int(pc.index(pc.is_null(values), True).as_py())
     return SinkError(
         f"column {name!r} ({ch_type}) got NULL (first at row {first} of the batch); declare the "
@@ -184,9 +184,10 @@ def _null_error(name: str, ch_type: str, values: pa.Array | pa.ChunkedArray) -> 
     )
 
 
-def _timestamp_ticks(values: pa.Array | pa.ChunkedArray, ch_type: str) -> list[Any] | None:
-    """Epoch ticks of a DateTime / DateTime64(s) column straight from an Arrow timestamp array (None: no
-    fast path for this pair of types). Arrow timestamps count from the epoch in UTC whatever their zone."""
+def timestamp_ticks(values: pa.Array | pa.ChunkedArray, ch_type: str) -> np.ndarray | None:
+    """Epoch ticks (int64) of a DateTime / DateTime64(s) column straight from an Arrow timestamp array, NULLs as
+    0 (None: no fast path for this pair of types). Arrow timestamps count from the epoch in UTC whatever their
+    zone."""
     parsed = parse_clickhouse_type(ch_type)
     if not pa.types.is_timestamp(values.type) or parsed.base not in ("DateTime", "DateTime64"):
         return None
@@ -199,13 +200,19 @@ def _timestamp_ticks(values: pa.Array | pa.ChunkedArray, ch_type: str) -> list[A
     raw = pc.fill_null(values.cast(pa.int64()), 0)
     ticks = np.asarray(raw.to_numpy(zero_copy_only=False), dtype=np.int64)
     if scale_per_s >= unit_per_s:
-        ticks = ticks * (scale_per_s // unit_per_s)
-    else:
-        step = unit_per_s // scale_per_s
-        quotient = np.floor_divide(ticks, step)
-        if parsed.base == "DateTime":  # int(datetime.timestamp()) truncates towards zero (before 1970)
-            quotient += (ticks < 0) & (ticks % step != 0)
-        ticks = quotient
+        return ticks * (scale_per_s // unit_per_s)
+    step = unit_per_s // scale_per_s
+    quotient = np.floor_divide(ticks, step)
+    if parsed.base == "DateTime":  # int(datetime.timestamp()) truncates towards zero (before 1970)
+        quotient += (ticks < 0) & (ticks % step != 0)
+    return quotient
+
+
+def _timestamp_ticks(values: pa.Array | pa.ChunkedArray, ch_type: str) -> list[Any] | None:
+    """``timestamp_ticks`` as the driver's list, NULLs as None."""
+    ticks = timestamp_ticks(values, ch_type)
+    if ticks is None:
+        return None
     out: list[Any] = ticks.tolist()
     if values.null_count:
         for i in np.flatnonzero(pc.is_null(values).to_numpy(zero_copy_only=False)).tolist():
@@ -216,7 +223,7 @@ def _timestamp_ticks(values: pa.Array | pa.ChunkedArray, ch_type: str) -> list[A
 def convert_arrow_column(name: str, ch_type: str, values: pa.Array | pa.ChunkedArray) -> list[Any]:
     """``convert_column`` for an Arrow array: the same values, timestamps converted without Python objects."""
     if values.null_count and not parse_clickhouse_type(ch_type).nullable:
-        raise _null_error(name, ch_type, values)
+        raise null_error(name, ch_type, values)
     fast = _timestamp_ticks(values, ch_type)
     return fast if fast is not None else convert_column(name, ch_type, values.to_pylist())
 
