@@ -181,11 +181,18 @@ def test_a_straggler_more_than_a_window_before_the_first_is_not_a_duplicate(
     assert got == [("20m-earlier",), ("first",)]
 
 
+@ENGINES
 def test_bad_records_go_to_the_dead_letter_topic_with_reasons(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
 ) -> None:
-    path, topic, table = pipeline(tmp_path, kafka, partitions=2)
+    """Dead letters with their reasons; a filtered record is counted, neither written nor dead-lettered, and its
+    event time (a day ahead) moves no watermark: the next run's records, an hour behind it, are not late."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2, per_partition=per_partition)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["sources"][0]["filter"] = "status != 'test'"
+    path.write_text(yaml.safe_dump(doc))
     good = [sms(f"ok-{i}", "sent", T0 + timedelta(seconds=i)) for i in range(10)]
+    good.append(sms("f-0", "test", T0 + timedelta(days=1)))  # filtered out
     bad = [
         (b"m1", b"{not json"),
         (b"m2", b"[1, 2, 3]"),
@@ -196,8 +203,12 @@ def test_bad_records_go_to_the_dead_letter_topic_with_reasons(
     ]
     produce(kafka.bootstrap, topic, good + bad)
     summary = run(path, kafka, clickhouse, tmp_path / "ckpt")
-    assert "dead-lettered 6" in summary, summary
+    assert "dead-lettered 6" in summary and "filtered 1," in summary, summary
     assert clickhouse.client().execute(f"SELECT count() FROM {table}")[0][0] == 10
+    produce(kafka.bootstrap, topic, [sms(f"ok-{i}", "sent", T0 + timedelta(hours=23)) for i in range(10, 15)])
+    again = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 5," in again and "dead-lettered 0" in again, again
+    assert clickhouse.client().execute(f"SELECT count(), countIf(status = 'test') FROM {table}")[0] == (15, 0)
     dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=6)
     assert len(dead) == 6
     by_value = {m.value(): dict(m.headers()) for m in dead}
