@@ -166,7 +166,8 @@ def test_spec_change_resubmits_and_delete_stops_the_driver(cluster: Cluster) -> 
 def test_delete_lets_the_application_go_before_its_driver_stops(cluster: Cluster) -> None:
     """As the real spark-operator: deleting an application only asks for its driver pod's deletion;
     the driver runs on through its grace period, and its pod object stays until it has exited."""
-    cluster.create("slow", {"type": "Always"}, sleep=3600, term_delay=4)
+    # the driver finishes its batch within the pod's grace (the stand-in's --kill-grace=3): it exits by itself, 143
+    cluster.create("slow", {"type": "Always"}, sleep=3600, term_delay=2)
     cluster.wait("slow", "RUNNING", 1)
     pid = cluster.standin.driver_pid(cluster.ns, "slow")
     pod = cluster.pod("slow-driver")
