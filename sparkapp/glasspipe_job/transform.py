@@ -235,27 +235,28 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
     A source deduplicated per Kafka partition keeps its state under ``state_root`` (single-topic path only).
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
-    watermark = f"{lateness_ms} milliseconds"
+    partitioned = source.deduplication is not None and per_kafka_partition(source)
+    if partitioned and (not dead_letter_late or state_root is None):
+        raise ValueError("deduplication per Kafka partition is for a single source, with a state root")
+    # Deduplication per Kafka partition drops filtered rows (no event time, parse_and_check) only after its
+    # operator, with the dead flag computed there too: a filter or a column added between the row counts
+    # (observe_counts, not generated code) and the watermark was a stage of generated code of its own, with a
+    # copy of every row (8 % of the task samples at 100 000/s).
+    if not partitioned:
+        df = df.where(F.col(STATUS) != "filtered")
+    df = with_dead_flag(df.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds"))
     if source.deduplication is None:
-        return with_dead_flag(df.where(F.col(STATUS) != "filtered").withWatermark(EVENT_TIME, watermark)
-                              ).withColumn(DUPLICATE, F.lit(False))
+        return df.withColumn(DUPLICATE, F.lit(False))
     from glasspipe_job.jvm import deduplicate_per_kafka_partition, deduplicate_within_window
 
     window_s = parse_duration_ms(source.deduplication.window) / 1000
-    if per_kafka_partition(source):
-        if not dead_letter_late or state_root is None:
-            raise ValueError("deduplication per Kafka partition is for a single source, with a state root")
-        # Filtered rows (no event time, parse_and_check) pass the watermark and the operator untouched and are
-        # dropped after it, and the dead flag is computed there too: a filter or a column added between the
-        # row counts (observe_counts, not generated code) and the watermark was a stage of generated code of its
-        # own, with a copy of every row (8 % of the task samples at 100 000/s).
-        flagged = deduplicate_per_kafka_partition(
-            with_dead_flag(df.withWatermark(EVENT_TIME, watermark)), list(source.deduplication.keys), EVENT_TIME,
-            window_s, flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE, partition_col="_gp_partition",
-            offset_col="_gp_offset", state_root=state_root)
-        out = flagged.where(F.col(STATUS) != "filtered")
+    if partitioned:
+        assert state_root is not None  # checked above
+        out = deduplicate_per_kafka_partition(df, list(source.deduplication.keys), EVENT_TIME, window_s,
+                                              flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE,
+                                              partition_col="_gp_partition", offset_col="_gp_offset",
+                                              state_root=state_root).where(F.col(STATUS) != "filtered")
     else:
-        df = with_dead_flag(df.where(F.col(STATUS) != "filtered").withWatermark(EVENT_TIME, watermark))
         out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
                                         flag_col=DUPLICATE, passthrough_col=DEAD,
                                         partition_col="_gp_partition", offset_col="_gp_offset",

@@ -360,7 +360,7 @@ class ClickHouseSink:
                         self._delete_markers([marker])
                         watch.issued()
                     raise watch.pending()
-            if encoded is not None and self._native and can_insert_encoded(self._client):
+            if encoded is not None and can_insert_encoded(self._client):
                 if insert_encoded(self._client, insert_sql, encoded, n, settings):
                     stats["native"] += 1
                     return
@@ -392,6 +392,7 @@ class ClickHouseSink:
         return out
 
     def _arrow_values(self, chunk: pa.Table) -> list[list[Any]]:
+        """The table's columns of an Arrow chunk as the driver's Python values (values.convert_arrow_column)."""
         types = self.table.table_types
         return [convert_arrow_column(c.name, types[c.name], chunk.column(c.name)) for c in self.table.columns]
 
@@ -426,7 +427,7 @@ class ClickHouseSink:
                 if order is None:
                     return self._converted({c: arrow.column(c).to_pylist() for c in arrow.column_names}, ordered)
                 arrow = arrow.take(order)
-            return [convert_arrow_column(c.name, types[c.name], arrow.column(c.name)) for c in table.columns]
+            return self._arrow_values(arrow)
         raw = [data[c.name] for c in table.columns]
         if ordered:
             order = canonical_order(raw)
