@@ -204,6 +204,38 @@ def test_the_timestamp_shape_read_here_gives_sparks_values_and_leaves_the_rest_t
     assert ours[7:] == [not_read] * (len(TIMESTAMPS) - 7)
 
 
+def test_timestamps_at_random_get_sparks_values_and_invalid_dates_are_left_to_spark(spark: Any) -> None:
+    """IsoTimestamps counts days itself: dates of every year (leap days, month ends, days a month lacks), times and
+    offsets at random. Each valid one gets the value Spark's cast gives; each one java.time rejects (a day the month
+    lacks, an offset past 18 hours) is left to Spark."""
+    import calendar
+    import random
+
+    from pyspark.sql import functions as F
+
+    rnd = random.Random(15)
+    texts, valid = [], []
+    for _ in range(2000):
+        year = rnd.choice([rnd.randint(0, 9999), rnd.choice([1600, 1900, 1969, 1970, 2000, 2023, 2024, 2100])])
+        month, day = rnd.randint(1, 12), rnd.choice([rnd.randint(1, 28), 29, 30, 31])
+        oh, om = rnd.choice([rnd.randint(0, 17), 18, 19]), rnd.choice([0, 30, 45, rnd.randint(0, 59)])
+        zone = rnd.choice(["Z", f"+{oh:02d}:{om:02d}", f"-{oh:02d}:{om:02d}"])
+        fraction = rnd.choice(["", "." + "".join(rnd.choice("0123456789") for _ in range(rnd.randint(1, 6)))])
+        texts.append(f"{year:04d}-{month:02d}-{day:02d}{rnd.choice('T ')}{rnd.randint(0, 23):02d}:"
+                     f"{rnd.randint(0, 59):02d}:{rnd.randint(0, 59):02d}{fraction}{zone}")
+        valid.append(day <= calendar.monthrange(year or 2000, month)[1] and (zone == "Z" or oh * 60 + om <= 18 * 60))
+    jvm = spark.sparkContext._jvm
+    ours = [jvm.io.glasspipe.spark.IsoTimestamps.micros(jvm.org.apache.spark.unsafe.types.UTF8String.fromString(t))
+            for t in texts]
+    good = [t for t, ok in zip(texts, valid, strict=True) if ok]
+    df = spark.createDataFrame([(t,) for t in good], "t string")
+    theirs = [r[0] for r in df.select(F.unix_micros(F.col("t").cast("timestamp"))).collect()]
+    assert 500 < len(good) < 1800  # both kinds are there
+    assert [m for m, ok in zip(ours, valid, strict=True) if ok] == theirs
+    not_read = jvm.io.glasspipe.spark.IsoTimestamps.NOT_THIS_SHAPE
+    assert [t for t, m, ok in zip(texts, ours, valid, strict=True) if not ok and m != not_read] == []
+
+
 def test_a_task_whose_timestamps_mostly_have_another_shape_still_parses_each_as_from_json(spark: Any) -> None:
     """Past 64 timestamps IsoTimestamps cannot read, a task reads them as Spark does from the start; records of
     both shapes, and corrupt ones, in one partition, before and after that point."""
