@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,15 +112,19 @@ class BatchWriter:
 
     def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
                  groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, batch_bound: int = 0,
-                 first_start: Offsets | None = None, one_part: bool = False) -> None:
+                 first_start: Offsets | None = None, one_part: bool = False,
+                 row_counts: Callable[[], dict[str, int]] | None = None) -> None:
         """``batch_bound``: the records of the largest batch (maxOffsetsPerTrigger); a batch known to be smaller
         is taken in fewer, larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a
         join, whose output may outgrow its input). ``first_start``: where the checkpoint's batch 0 starts (the
         hand-over's ``read_from``, persisted, so a replay sizes it alike); Kafka's "earliest"/"latest" (-2/-1)
         there count as offset 0 at most, which can only overstate the batch, never understate it. ``one_part``:
-        every batch in one part (arrow_parts.arrow_partitions)."""
+        every batch in one part (arrow_parts.arrow_partitions). ``row_counts``: the counts of what was read so far,
+        for a plan whose operator counts them instead of ``observe`` (jvm.partition_dedup_counts)."""
         self.config = config
         self.one_part = one_part
+        self.row_counts = row_counts
+        self._rows_counted: dict[str, int] = {}
         self.batch_bound = batch_bound
         # the previous batch's id and end offsets: the hand-over's start stands for "batch -1"
         self._last_offsets: tuple[int, Sequence[Mapping[str, Mapping[Any, int]]]] | None = (
@@ -165,6 +169,7 @@ class BatchWriter:
                 df.write.format("noop").mode("overwrite").save()
         finally:
             tables.close()
+        self._count_rows()
         if not result.skipped_replay:  # the batch's ledger row was just written: its rows are committed now
             self.metrics.observe_commit(time.time(), seen.kafka_micros(), seen.event_micros())
         for group, source_offsets in zip(self.groups, offsets, strict=False):
@@ -188,6 +193,14 @@ class BatchWriter:
                  "Spark job %.2f s)", batch_id, result.rows_written, seen.duplicates, seen.dead,
                  " (replay: already committed)" if result.skipped_replay else "", seen.parts,
                  time.monotonic() - started, tables.first_seconds)
+
+    def _count_rows(self) -> None:
+        """The batch's counts of what was read, when its operator keeps them: the difference the batch's jobs made."""
+        if self.row_counts is None:
+            return
+        now = self.row_counts()
+        self.metrics.count_input({k: n - self._rows_counted.get(k, 0) for k, n in now.items()})
+        self._rows_counted = now
 
     def _batch_records(self, files: CheckpointFiles, batch_id: int,
                        offsets: list[dict[str, dict[str, int]]]) -> int | None:

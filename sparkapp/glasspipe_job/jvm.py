@@ -112,18 +112,29 @@ def deduplicate_per_kafka_partition(
     partition_col: str,
     offset_col: str,
     state_root: str,
+    filtered: Column,
+    warmup: Column,
 ) -> DataFrame:
     """Deduplication as ``deduplicate_within_window`` (every row kept, flagged in ``flag_col`` and ``late_col``),
     but per Kafka partition in the first stage (``io.glasspipe.spark.PartitionDedup``): no shuffle, no sort, no
     ``transformWithState``; a store of Spark's per Kafka partition under ``state_root``, versioned by batch. Exact
     only when every record of a key is in one Kafka partition; within a partition the first row to arrive wins.
     Late rows are flagged against the batch's watermark, which the driver sets before each batch's job
-    (``set_batch_watermark``)."""
+    (``set_batch_watermark``). It counts the rows it sees (``partition_dedup_counts``): ``filtered`` and ``warmup``
+    are BOOLEAN columns of ``df``, a row the filter drops and a row read only to rebuild the state."""
     if not keys:
         raise ValueError("deduplicate_per_kafka_partition needs at least one key column")
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, PARTITION_DEDUP_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
-                        passthrough_col, partition_col, offset_col, late_col, state_root)
+                        passthrough_col, partition_col, offset_col, late_col, state_root, filtered._jc, warmup._jc)
+
+
+def partition_dedup_counts(spark: Any, state_root: str) -> dict[str, int]:
+    """What the tasks of ``deduplicate_per_kafka_partition`` under ``state_root`` read so far in this driver, in
+    the names ``transform.observe_counts`` gives: records_in, dead, filtered (warm-up rows left out) and warmup."""
+    jvm = spark.sparkContext._jvm
+    counts = jvm.io.glasspipe.spark.PartitionDedup.rowCounts(state_root)
+    return dict(zip(("records_in", "dead", "filtered", "warmup"), (int(n) for n in counts), strict=True))
 
 
 PARTITION_DEDUP_ENTRY = "io.glasspipe.spark.PartitionDedup"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,17 +102,22 @@ class JobMetrics:
         if port:
             start_http_server(port, registry=self.registry)
 
+    def count_input(self, counts: Mapping[str, Any]) -> None:
+        """A batch's counts of what was read (``records_in``, ``filtered``, ``warmup``), as ``observe`` reports them
+        (transform.observe_counts) or the operator of deduplication per Kafka partition counts them."""
+        n_in, n_filtered = int(counts.get("records_in") or 0), int(counts.get("filtered") or 0)
+        self.records_in.inc(n_in)
+        self.filtered.inc(n_filtered)
+        self.totals.records_in += n_in
+        self.totals.filtered += n_filtered
+        self.totals.warmup += int(counts.get("warmup") or 0)
+
     def on_progress(self, progress: dict[str, Any]) -> None:
         """Counts Spark reports per micro-batch: observed input counts, state size, late rows, lag."""
         observed = progress.get("observedMetrics") or {}
         for name, row in observed.items():
             if name.startswith("input"):
-                n_in, n_filtered = int(row.get("records_in") or 0), int(row.get("filtered") or 0)
-                self.records_in.inc(n_in)
-                self.filtered.inc(n_filtered)
-                self.totals.records_in += n_in
-                self.totals.filtered += n_filtered
-                self.totals.warmup += int(row.get("warmup") or 0)
+                self.count_input(row)
             elif name.startswith("dedup_"):  # joins: duplicates dropped on one side before the join (join.py)
                 n_dup = int(row.get("duplicates") or 0)
                 self.duplicates.inc(n_dup)

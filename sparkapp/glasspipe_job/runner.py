@@ -29,6 +29,7 @@ from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.join import JOIN_STATE_PLAN, build_join_stream, join_sides
+from glasspipe_job.jvm import partition_dedup_counts
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
@@ -39,6 +40,7 @@ from glasspipe_job.transform import (
     read_kafka,
     select_output,
     source_rows,
+    watermark_after_output,
     with_warmup_flag,
 )
 
@@ -199,14 +201,18 @@ def output_stream(spark: SparkSession, config: JobConfig, assignments: list[Sour
     groups with the offset log, which lists the join's sources left first."""
     if config.spec.join is None:
         [a] = assignments
-        state_root = f"{config.checkpoint_dir.rstrip('/')}/{PARTITION_DEDUP_STATE}/{a.source.name}"
         return select_output(source_rows(parsed_stream(spark, config, a, decision), a.source,
-                                         state_root=state_root), config)
+                                         state_root=partition_dedup_root(config, a.source)), config)
     order = [s.name for s in join_sides(config)]
     assignments.sort(key=lambda a: order.index(a.source.name))
     parsed = {a.source.name: parsed_stream(spark, config, a, decision) for a in assignments}
     return build_join_stream(config, parsed,
                              {a.source.name: len(a.group.partitions(a.source.kafka.topic)) for a in assignments})
+
+
+def partition_dedup_root(config: JobConfig, source: models.Source) -> str:
+    """Where deduplication per Kafka partition keeps a source's state: a folder of the query's checkpoint."""
+    return f"{config.checkpoint_dir.rstrip('/')}/{PARTITION_DEDUP_STATE}/{source.name}"
 
 
 def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = False,
@@ -230,10 +236,17 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     # The largest batch (transform.read_kafka): smaller ones reach the driver in fewer parts. A join's output may
     # outgrow its input, so its batches always go one Spark partition at a time.
     bound = 0 if spec.join is not None else batch_bound(config, spec.sources[0], driver_heap_bytes(spark))
+    partitioned = spec.join is None and per_kafka_partition(spec.sources[0])
+    # deduplication per Kafka partition counts what was read in its operator, not in an observe (transform.py)
+    root = partition_dedup_root(config, spec.sources[0])
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
                          [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from,
-                         one_part=spec.join is None and per_kafka_partition(spec.sources[0]))
-    stream = (writer.collected(out).writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
+                         one_part=partitioned,
+                         row_counts=(lambda: partition_dedup_counts(spark, root)) if partitioned else None)
+    collected = writer.collected(out)
+    if partitioned:
+        collected = watermark_after_output(collected, spec.sources[0])
+    stream = (collected.writeStream.queryName(f"glasspipe-{config.pipeline}-{config.replica}")
               .option("checkpointLocation", config.checkpoint_dir).foreachBatch(writer))
     if available_now:
         stream = stream.trigger(availableNow=True)

@@ -232,19 +232,22 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
 
     With ``dead_letter_late`` (nothing stateful follows: the single-topic path), late rows become dead
     rows with reason ``late`` instead of being dropped by Spark; nothing stateful may follow the result.
-    A source deduplicated per Kafka partition keeps its state under ``state_root`` (single-topic path only).
+    A source deduplicated per Kafka partition keeps its state under ``state_root`` (single-topic path only), and
+    its watermark comes later, on the output (``watermark_after_output``).
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
     partitioned = source.deduplication is not None and per_kafka_partition(source)
     if partitioned and (not dead_letter_late or state_root is None):
         raise ValueError("deduplication per Kafka partition is for a single source, with a state root")
-    # Deduplication per Kafka partition drops filtered rows (no event time, parse_and_check) only after its
-    # operator, with the dead flag computed there too: a filter or a column added between the row counts
-    # (observe_counts, not generated code) and the watermark was a stage of generated code of its own, with a
-    # copy of every row (8 % of the task samples at 100 000/s).
-    if not partitioned:
+    # Deduplication per Kafka partition counts the rows and drops filtered ones (no event time, parse_and_check)
+    # in its operator, and its watermark comes after the output columns (watermark_after_output): the row counts
+    # (observe_counts) and the watermark are not generated code, so each ended a stage of its own, with a copy
+    # of every row in between.
+    if partitioned:
+        df = with_dead_flag(df)
+    else:
         df = df.where(F.col(STATUS) != "filtered")
-    df = with_dead_flag(df.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds"))
+        df = with_dead_flag(df.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds"))
     if source.deduplication is None:
         return df.withColumn(DUPLICATE, F.lit(False))
     from glasspipe_job.jvm import deduplicate_per_kafka_partition, deduplicate_within_window
@@ -255,7 +258,8 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
         out = deduplicate_per_kafka_partition(df, list(source.deduplication.keys), EVENT_TIME, window_s,
                                               flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE,
                                               partition_col="_gp_partition", offset_col="_gp_offset",
-                                              state_root=state_root).where(F.col(STATUS) != "filtered")
+                                              state_root=state_root, filtered=F.col(STATUS) == "filtered",
+                                              warmup=F.col(WARMUP)).where(F.col(STATUS) != "filtered")
     else:
         out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
                                         flag_col=DUPLICATE, passthrough_col=DEAD,
@@ -322,10 +326,21 @@ def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence
     keys) dead rows come out flagged in ``DEAD`` and late rows in ``LATE`` with their reason, for the join
     operator to pass through to the dead-letter topic.
     """
+    if join_keys is None and per_kafka_partition(source):  # its operator counts the rows (deduplicate)
+        return deduplicate(parsed, source, dead_letter_late=True, state_root=state_root)
     rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
     if join_keys is not None:
         return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys)
     return deduplicate(rows, source, dead_letter_late=True, state_root=state_root)
+
+
+def watermark_after_output(collected: DataFrame, source: models.Source) -> DataFrame:
+    """The watermark of a source deduplicated per Kafka partition, on the rows the driver collects (``deduplicate``
+    leaves it out): the same newest event time, as no row the driver is not sent has one that counts (filtered and
+    dead rows have none, late and duplicate rows are sent), but warm-up rows, which move it no more. Its operator
+    is not generated code: last in the plan, it ends no stage early."""
+    lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
+    return collected.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
 
 
 def select_output(df: DataFrame, config: JobConfig) -> DataFrame:

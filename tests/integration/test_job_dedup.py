@@ -89,6 +89,7 @@ def test_100k_events_with_20_percent_duplicates_land_exactly_once(
         f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0]
     assert (rows, distinct, repeats) == (uniques, uniques, 0)
     assert "duplicates dropped 20000" in summary and "rows written 80000" in summary
+    assert "records in 100000," in summary, summary
     # the consumer group's committed offsets reach the end of every partition
     lag = group_lag(kafka.bootstrap, f"glasspipe.default.sms-{table[4:]}", topic)
     assert len(lag) == 4 and all(committed == end for committed, end in lag.values()), lag
@@ -203,7 +204,7 @@ def test_bad_records_go_to_the_dead_letter_topic_with_reasons(
     ]
     produce(kafka.bootstrap, topic, good + bad)
     summary = run(path, kafka, clickhouse, tmp_path / "ckpt")
-    assert "dead-lettered 6" in summary and "filtered 1," in summary, summary
+    assert "dead-lettered 6" in summary and "filtered 1," in summary and "records in 17," in summary, summary
     assert clickhouse.client().execute(f"SELECT count() FROM {table}")[0][0] == 10
     produce(kafka.bootstrap, topic, [sms(f"ok-{i}", "sent", T0 + timedelta(hours=23)) for i in range(10, 15)])
     again = run(path, kafka, clickhouse, tmp_path / "ckpt")

@@ -41,6 +41,7 @@ import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
+import org.apache.spark.util.LongAccumulator;
 import org.apache.spark.util.SerializableConfiguration;
 import scala.Option;
 import scala.jdk.javaapi.CollectionConverters;
@@ -68,6 +69,10 @@ import scala.jdk.javaapi.CollectionConverters;
  * deletion. Rows are taken in offset order (the first to arrive wins); a late row (event time below the batch's
  * watermark, which the driver hands the tasks as the local property {@link #WATERMARK_PROPERTY}) is flagged late
  * without touching the state; rows with the pass-through column true (dead letters) pass untouched.
+ *
+ * <p>It also counts what was read ({@link #rowCounts}): the job's plan has no {@code observe} of its own for such a
+ * source, nor a watermark before this operator (the driver puts it after the output columns), so that Kafka record,
+ * parse, checks, deduplication and output columns are one stage of generated code, with no row written in between.
  */
 public final class PartitionDedup {
   private PartitionDedup() {}
@@ -87,6 +92,23 @@ public final class PartitionDedup {
   static final int SEGMENT_BYTES = 8;
   /** Per executor: the version each store was last committed at, so that a task finds its version without a listing. */
   static final Map<String, Long> COMMITTED = new ConcurrentHashMap<>();
+  /** Per state root (one query's source): its row counts, accumulated on the driver as tasks finish. */
+  static final Map<String, RowCounts> COUNTS = new ConcurrentHashMap<>();
+
+  /**
+   * What the tasks of the query deduplicating under {@code stateRoot} read so far in this driver, as the job's
+   * {@code observe} counts it for other sources: {records in, dead, filtered, warm-up}; records in, dead and
+   * filtered leave warm-up rows out. Zeros before the query's plan is made.
+   */
+  public static long[] rowCounts(String stateRoot) {
+    RowCounts c = COUNTS.get(stateRoot);
+    return c == null ? new long[4] : new long[] {c.in().value(), c.dead().value(), c.filtered().value(),
+        c.warmup().value()};
+  }
+
+  /** Spark accumulators, merged from each successful task on the driver. */
+  record RowCounts(LongAccumulator in, LongAccumulator dead, LongAccumulator filtered, LongAccumulator warmup)
+      implements Serializable {}
 
   /**
    * {@code df} with {@code flagCol} (duplicate) and {@code lateCol} (late) added, every row kept.
@@ -97,10 +119,13 @@ public final class PartitionDedup {
    * nondeterministic, so that Spark evaluates it once a row, in the rows' order.
    *
    * @param stateRoot where the stores keep their checkpoints (a folder of the query's checkpoint)
+   * @param filtered true for a row the source's filter drops (it has no event time), counted only
+   * @param warmup true for a row read again to rebuild the state (counted apart)
    */
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String stateRoot) {
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String stateRoot,
+      Column filtered, Column warmup) {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
@@ -125,13 +150,18 @@ public final class PartitionDedup {
     // Broadcast, as Spark's file sources do: in the plan, every task read the whole Hadoop configuration again.
     Broadcast<SerializableConfiguration> hadoopConf = JavaSparkContext.fromSparkContext(df.sparkSession()
         .sparkContext()).broadcast(new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()));
-    Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs));
+    org.apache.spark.SparkContext sc = df.sparkSession().sparkContext();
+    RowCounts counts = new RowCounts(sc.longAccumulator("glasspipe records in"), sc.longAccumulator("glasspipe dead"),
+        sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"));
+    COUNTS.put(stateRoot, counts);
+    Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs, counts));
     Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
         .toArray(Column[]::new));
     Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
     Column passthrough = passthroughCol == null ? functions.lit(false)
         : functions.coalesce(df.col(passthroughCol), functions.lit(false));
-    List<Expression> args = List.of(keyText, micros, df.col(partitionCol), df.col(offsetCol), passthrough).stream()
+    List<Expression> args = List.of(keyText, micros, df.col(partitionCol), df.col(offsetCol), passthrough,
+        functions.coalesce(filtered, functions.lit(false)), functions.coalesce(warmup, functions.lit(false))).stream()
         .map(ExpressionUtils::expression).toList();
     Column flags = ExpressionUtils.column(new Invoke(Literal.create(flagger, new ObjectType(Flagger.class)), "code",
         DataTypes.IntegerType, CollectionConverters.asScala(args).toSeq(),
@@ -143,7 +173,7 @@ public final class PartitionDedup {
 
   /** What every task needs: fixed when the query's plan is made. */
   record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, Broadcast<SerializableConfiguration> hadoopConf,
-      long windowMs) implements Serializable {
+      long windowMs, RowCounts counts) implements Serializable {
     Configuration hadoop() {
       return hadoopConf.value().value();
     }
@@ -168,8 +198,23 @@ public final class PartitionDedup {
       this.plan = plan;
     }
 
-    /** {@link #KEPT}, {@link #DUPLICATE} or {@link #LATE}: one row, in its Kafka partition's offset order. */
-    public int code(InternalRow keyText, long micros, int partition, long offset, boolean passthrough) {
+    /**
+     * {@link #KEPT}, {@link #DUPLICATE} or {@link #LATE}: one row, in its Kafka partition's offset order, counted
+     * ({@link #rowCounts}).
+     */
+    public int code(InternalRow keyText, long micros, int partition, long offset, boolean passthrough,
+        boolean filtered, boolean warmup) {
+      RowCounts counts = plan.counts();
+      if (warmup) {
+        counts.warmup().add(1L);
+      } else {
+        counts.in().add(1L);
+        if (filtered) {
+          counts.filtered().add(1L);
+        } else if (passthrough) {
+          counts.dead().add(1L);
+        }
+      }
       if (passthrough || micros == Long.MIN_VALUE) { // a dead letter; no event time: no place in any window
         return KEPT;
       }
