@@ -190,6 +190,29 @@ def test_parse_and_check_runs_in_whole_stage_code_generation(spark: Any) -> None
     assert rows[1]["_gp_status"] == "ok" and rows[2]["_gp_reason"] == "malformed_json: not a JSON object"
 
 
+def test_deduplication_per_kafka_partition_is_one_stage_of_generated_code(spark: Any, tmp_path: Any) -> None:
+    """From the Kafka record to the deduplicated rows, one stage of generated code: no row counts (``observe``)
+    nor watermark in between, operators without generated code that each ended a stage, with every row written
+    and read again."""
+    from glasspipe.api import models
+    from glasspipe_job.transform import parse_and_check, source_rows, with_warmup_flag
+
+    source = models.Source.model_validate({
+        "name": "s", "kafka": {"topic": "t", "bootstrapServers": "k:9092"},
+        "schema": {"fields": [{"name": "id", "type": "string"}, {"name": "ts", "type": "timestamp"}]},
+        "eventTime": {"source": "field", "field": "ts"}, "filter": "id != 'x'",
+        "deduplication": {"keys": ["id"], "window": "5m", "perKafkaPartition": True},
+    })
+    raw = spark.createDataFrame(
+        [(b"k", b'{"id":"a","ts":"2026-11-26T07:30:00Z"}', "t", 0, 1, None)],
+        "key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp")
+    rows = source_rows(with_warmup_flag(parse_and_check(raw, source), {"t": {0: 1}}), source,
+                       state_root=str(tmp_path))
+    plan = str(rows._jdf.queryExecution().executedPlan().toString())
+    assert "CollectMetrics" not in plan and "EventTimeWatermark" not in plan, plan
+    assert set(re.findall(r"\*\((\d+)\)", plan)) == {"1"}, plan
+
+
 def test_the_timestamp_shape_read_here_gives_sparks_values_and_leaves_the_rest_to_spark(spark: Any) -> None:
     """IsoTimestamps reads the first seven TIMESTAMPS itself (the values Spark computes) and no other."""
     from pyspark.sql import functions as F
