@@ -4,7 +4,8 @@
 Every record read ends in exactly one of these, counted per micro-batch:
 - ``dead``: cannot be processed (malformed JSON, wrong types, a required field, key or event time
   missing): emitted with its reason so the batch writer sends it to the dead-letter topic;
-- ``filtered``: the filter was not true: counted (``observe``), not emitted;
+- ``filtered``: the filter was not true: counted (``observe``; deduplication per Kafka partition counts in its
+  operator), not emitted;
 - ``duplicate``: a repeat of a key within the window: emitted with a flag, counted, not written;
 - ``ok``: written to ClickHouse.
 Late records (older than the watermark) become dead letters with reason ``late``: in a deduplicated
@@ -243,11 +244,9 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
     # in its operator, and its watermark comes after the output columns (watermark_after_output): the row counts
     # (observe_counts) and the watermark are not generated code, so each ended a stage of its own, with a copy
     # of every row in between.
-    if partitioned:
-        df = with_dead_flag(df)
-    else:
-        df = df.where(F.col(STATUS) != "filtered")
-        df = with_dead_flag(df.withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds"))
+    if not partitioned:
+        df = df.where(F.col(STATUS) != "filtered").withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
+    df = with_dead_flag(df)
     if source.deduplication is None:
         return df.withColumn(DUPLICATE, F.lit(False))
     from glasspipe_job.jvm import deduplicate_per_kafka_partition, deduplicate_within_window

@@ -15,6 +15,7 @@ import org.apache.hadoop.conf.Configuration;
 import org.apache.hadoop.fs.FileStatus;
 import org.apache.hadoop.fs.FileSystem;
 import org.apache.hadoop.fs.Path;
+import org.apache.spark.SparkContext;
 import org.apache.spark.TaskContext;
 import org.apache.spark.api.java.JavaSparkContext;
 import org.apache.spark.broadcast.Broadcast;
@@ -147,10 +148,10 @@ public final class PartitionDedup {
     }
     StateStoreConf storeConf = new StateStoreConf(df.sparkSession().sessionState().conf(),
         scala.collection.immutable.Map$.MODULE$.empty());
+    SparkContext sc = df.sparkSession().sparkContext();
     // Broadcast, as Spark's file sources do: in the plan, every task read the whole Hadoop configuration again.
-    Broadcast<SerializableConfiguration> hadoopConf = JavaSparkContext.fromSparkContext(df.sparkSession()
-        .sparkContext()).broadcast(new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()));
-    org.apache.spark.SparkContext sc = df.sparkSession().sparkContext();
+    Broadcast<SerializableConfiguration> hadoopConf = JavaSparkContext.fromSparkContext(sc)
+        .broadcast(new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()));
     RowCounts counts = new RowCounts(sc.longAccumulator("glasspipe records in"), sc.longAccumulator("glasspipe dead"),
         sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"));
     COUNTS.put(stateRoot, counts);
