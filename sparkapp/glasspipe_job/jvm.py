@@ -132,8 +132,7 @@ def deduplicate_per_kafka_partition(
 def partition_dedup_counts(spark: Any, state_root: str) -> dict[str, int]:
     """What the tasks of ``deduplicate_per_kafka_partition`` under ``state_root`` read so far in this driver, in
     the names ``transform.observe_counts`` gives: records_in, dead, filtered (warm-up rows left out) and warmup."""
-    jvm = spark.sparkContext._jvm
-    counts = jvm.io.glasspipe.spark.PartitionDedup.rowCounts(state_root)
+    counts = _loaded_class(spark, PARTITION_DEDUP_ENTRY).rowCounts(state_root)
     return dict(zip(("records_in", "dead", "filtered", "warmup"), (int(n) for n in counts), strict=True))
 
 
@@ -226,21 +225,30 @@ JSON_ENTRY = "io.glasspipe.spark.JsonValues"
 JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.JoinProcessor.LEFT / RIGHT / JOINED
 
 
-_window_dedup: dict[int, Any] = {}  # id(JVM view) -> io.glasspipe.spark.WindowDedup, once the jar has it
+_loaded: dict[tuple[int, str], Any] = {}  # (id(JVM view), class name) -> the class, once the jar has it
+
+
+def _loaded_class(spark: Any, entry: str) -> Any:
+    """The ops jar's class ``entry``, or None when the jar is not loaded. Looked up once (read every micro-batch:
+    each part of its name is a JVM call); only a class found is kept: py4j resolves a class the classpath lacks to
+    a JavaPackage, and a later session may have the jar."""
+    jvm = spark.sparkContext._jvm
+    cls = _loaded.get((id(jvm), entry))
+    if cls is None:
+        cls = jvm
+        for part in entry.split("."):
+            cls = getattr(cls, part)
+        if not isinstance(cls, JavaClass):
+            return None
+        _loaded[(id(jvm), entry)] = cls
+    return cls
 
 
 def keys_in_two_partitions(spark: Any) -> int:
-    """How many times this driver saw a key again in another Kafka partition within its window (read every
-    micro-batch: the class is looked up once, each part of its name is a JVM call). Only a class found is
-    kept: py4j resolves a class the classpath lacks to a JavaPackage, and a later session may have the jar."""
-    jvm = spark.sparkContext._jvm
-    cls = _window_dedup.get(id(jvm))
-    if cls is None:
-        cls = jvm.io.glasspipe.spark.WindowDedup
-        if not isinstance(cls, JavaClass):  # the jar is not loaded: no dedup ran
-            return 0
-        _window_dedup[id(jvm)] = cls
-    return int(cls.keysInTwoPartitions())
+    """How many times this driver saw a key again in another Kafka partition within its window (0 when the jar
+    is not loaded: no dedup ran)."""
+    cls = _loaded_class(spark, "io.glasspipe.spark.WindowDedup")
+    return 0 if cls is None else int(cls.keysInTwoPartitions())
 
 
 def _positive_window_ms(window_seconds: float) -> int:

@@ -237,7 +237,7 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
     its watermark comes later, on the output (``watermark_after_output``).
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
-    partitioned = source.deduplication is not None and per_kafka_partition(source)
+    partitioned = per_kafka_partition(source)
     if partitioned and (not dead_letter_late or state_root is None):
         raise ValueError("deduplication per Kafka partition is for a single source, with a state root")
     # Deduplication per Kafka partition counts the rows and drops filtered ones (no event time, parse_and_check)
