@@ -67,6 +67,8 @@ VALUES: list[bytes | None] = [
     b'{"id":"y6","x":Infinity,"n":007}',                 # non-numeric numbers and leading zeros
     b'{"id":"y7","x":1.0E+2}',
     b'{"id":"y8","u":{"age":-2147483649}}',
+    b'{"id":"y9","ts":"2026-11-26T07:30:00z","ts":null}',  # a timestamp twice, the first not one: corrupt
+    b'{"id":"z1","n":-0,"u":{"age":-0},"more":[0,-0.0e-0,{}]}',
 ]
 # Event times: the shape io.glasspipe.spark.IsoTimestamps reads itself, its edges, and what it leaves to Spark.
 TIMESTAMPS = [
@@ -137,6 +139,7 @@ PLAIN = [
     b'{"ID":"s","N":3}',
     b'{"id":"r","x":NaN}',
     b'{}',
+    b'{"id":"z1","n":-0,"u":{"age":-0},"more":[0,-0.0e-0,{}]}',
 ] + [f'{{"id":"ts{i}","ts":"{t}"}}'.encode() for i, t in enumerate(TIMESTAMPS[:7])]
 
 
@@ -278,3 +281,4 @@ def test_a_task_whose_timestamps_mostly_have_another_shape_still_parses_each_as_
     assert len(got) == 300
     assert [r["i"] for r in got if repr(r["ours"]) != repr(r["theirs"])] == []
     assert sum(r["ours"][CORRUPT] is not None for r in got) == 6
+

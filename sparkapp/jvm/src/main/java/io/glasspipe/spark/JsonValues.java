@@ -1,6 +1,7 @@
 package io.glasspipe.spark;
 
 import java.io.Serializable;
+import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.List;
 
@@ -65,31 +66,13 @@ public final class JsonValues implements Serializable {
   private transient int corruptIndex;
   /** Indices of the top-level TIMESTAMP fields, which {@link #isoParser} reads as strings. */
   private transient int[] timestampSlots;
+  /** Their names, quoted, in UTF-8. */
+  private transient byte[][] timestampNames;
   /** Records whose timestamps {@link IsoTimestamps} read, and those it could not. */
   private transient Tally isoTally;
   /** The reader of plain records (null when the schema has column defaults), and its tally. */
   private transient PlainJson plain;
   private transient Tally plainTally;
-
-  /** Hits and misses of a faster path: worth trying until it has missed 64 times and more often than not. */
-  private static final class Tally {
-    private long hits;
-    private long misses;
-
-    boolean worthTrying() {
-      return misses < 64 || misses <= hits;
-    }
-
-    /** Counts {@code hit} and returns it. */
-    boolean count(boolean hit) {
-      if (hit) {
-        hits++;
-      } else {
-        misses++;
-      }
-      return hit;
-    }
-  }
 
   private JsonValues(StructType schema, String corruptColumn, String timeZoneId) {
     this.schema = schema;
@@ -163,7 +146,7 @@ public final class JsonValues implements Serializable {
           return row;
         }
       }
-      if (isoParser != null && isoTally.worthTrying()) {
+      if (isoParser != null && isoTally.worthTrying() && oncePerTimestampField(value)) {
         InternalRow row = first(isoParser.parse(value));
         if (!clean(row)) {
           return viaFromJson(value); // corrupt with the timestamps as strings, so with them as timestamps too
@@ -230,12 +213,43 @@ public final class JsonValues implements Serializable {
       }
     }
     timestampSlots = slots.stream().mapToInt(Integer::intValue).toArray();
+    timestampNames = slots.stream().map(i -> ('"' + asStrings[i].name() + '"').getBytes(StandardCharsets.UTF_8))
+        .toArray(byte[][]::new);
     bytesParser = byteParser(schema, parsedOptions);
     isoParser = slots.isEmpty() ? null : byteParser(new StructType(asStrings), parsedOptions);
     corruptIndex = schema.fieldIndex(corruptColumn);
     plain = PlainJson.forSchema(parsedOptions.buildJsonFactory(), schema, corruptColumn);
     isoTally = new Tally();
     plainTally = new Tally();
+  }
+
+  /**
+   * Whether {@link #isoParser} reads {@code value} as Spark's parser does: not when a timestamp field may be in it
+   * twice (Spark reads each value as a timestamp, and one that is none makes the record corrupt; read as strings,
+   * the last value wins): a field's quoted name twice in the bytes, or an escape anywhere, which may spell a name.
+   */
+  private boolean oncePerTimestampField(byte[] value) {
+    for (byte b : value) {
+      if (b == '\\') {
+        return false;
+      }
+    }
+    for (byte[] name : timestampNames) {
+      int at = indexOf(value, name, 0);
+      if (at >= 0 && indexOf(value, name, at + name.length) >= 0) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  private static int indexOf(byte[] bytes, byte[] part, int from) {
+    for (int i = from; i <= bytes.length - part.length; i++) {
+      if (java.util.Arrays.equals(bytes, i, i + part.length, part, 0, part.length)) {
+        return i;
+      }
+    }
+    return -1;
   }
 
   /** Spark's JacksonParser for {@code readSchema} over a value's bytes, in a PERMISSIVE FailureSafeParser. */
