@@ -282,3 +282,116 @@ def test_a_task_whose_timestamps_mostly_have_another_shape_still_parses_each_as_
     assert [r["i"] for r in got if repr(r["ours"]) != repr(r["theirs"])] == []
     assert sum(r["ours"][CORRUPT] is not None for r in got) == 6
 
+
+def _random_documents(rnd: Any, count: int) -> tuple[list[bytes], list[bytes]]:
+    """(documents, the plain printable-ASCII ones among them): records of SCHEMA's fields with values of every kind
+    (plain, escaped, past ASCII, numbers of every shape, fields not declared nested deep, odd spacing, a field twice,
+    cut short), so that the bytes' own reader meets each thing it defers as well as what it reads."""
+    import json
+
+    space = ["", " ", "\n", "\t", " \r\n "]
+
+    def ws() -> str:
+        return rnd.choice(space) if rnd.random() < 0.3 else ""
+
+    def text(plain: bool) -> str:
+        chars = "abcXYZ09 _-:./@"
+        s = "".join(rnd.choice(chars) for _ in range(rnd.randint(0, 12)))
+        if not plain:
+            s += rnd.choice(["é", "☃", "\\n", "\\\"", "\\u0041", "\x7f", "𝄞"])
+        return '"' + s + '"'
+
+    def number(plain: bool) -> str:
+        if plain:  # valid JSON, of every shape
+            return rnd.choice([str(rnd.randint(-10**20, 10**20)), "-0", "0", "1.5", "-2e-7", "1E+300", "0.0"])
+        return rnd.choice([str(rnd.randint(-10**rnd.randint(1, 20), 10**rnd.randint(1, 20))), "-0", "0", "007",
+                           f"{rnd.uniform(-1e6, 1e6)}", "1e5", "1E-3", "-1.5e+10", "2147483647", "2147483648",
+                           "-2147483648", "-2147483649", "999999999999999999", "1000000000000000000",
+                           "9223372036854775807", "-9223372036854775808", "1.", "-", "01.5", "NaN"])
+
+    def junk(depth: int, plain: bool) -> str:
+        k = rnd.randint(0, 6 if depth < 4 else 3)
+        if k == 0:
+            return text(plain or rnd.random() < 0.9)
+        if k == 1:
+            return number(plain)
+        if k == 2:
+            return rnd.choice(["true", "false", "null"])
+        if k == 3:
+            return "[" + ",".join(ws() + junk(depth + 1, plain) + ws() for _ in range(rnd.randint(0, 3))) + "]"
+        return "{" + ",".join(f"{ws()}{text(True)}{ws()}:{ws()}{junk(depth + 1, plain)}"
+                              for _ in range(rnd.randint(0, 3))) + "}"
+
+    def timestamp() -> str:
+        return json.dumps(rnd.choice([*TIMESTAMPS, "2026-11-28T08:00:00.123Z", "2026-11-28 08:00:00+01:00"]))
+
+    docs: list[bytes] = []
+    plain: list[bytes] = []
+    for _ in range(count):
+        is_plain = rnd.random() < 0.5
+        def value(name: str, plain: bool) -> str:
+            if name == "id":
+                return text(plain) if rnd.random() < 0.9 else rnd.choice(["null"] if plain else ["null", "12", "true"])
+            if name == "n":
+                return rnd.choice([str(rnd.randint(-10**17, 10**17)), "null"]) if plain else number(False)
+            if name == "ok":
+                return rnd.choice(["true", "false", "null"] + ([] if plain else ['"true"', "1", "tru"]))
+            if name == "ts":
+                return '"2026-11-28T08:00:00.5+05:30"' if plain else timestamp()
+            if name == "u":
+                return "{" + ",".join(
+                    f'"name":{text(plain)}' if k == 0 else f'"age":{rnd.randint(-2**31, 2**31 - 1)}' if k == 1
+                    else f'"deep":{junk(2, plain)}' for k in rnd.sample(range(3), rnd.randint(0, 3))) + "}"
+            if name == "x":
+                return rnd.choice(["null", "1.5", "2"])
+            if name == "tags":
+                return rnd.choice(["null", '["p","q"]'])
+            return junk(1, plain)
+
+        fields = ["id", "n", "ok", "ts", "u", "x", "tags", "more"]
+        names = rnd.sample(fields, rnd.randint(1, len(fields)))
+        if is_plain:
+            names = [n for n in names if n not in ("x", "tags")]  # Spark's to read: the bytes' reader defers
+        parts = [f"{ws()}\"{n}\"{ws()}:{ws()}{value(n, is_plain)}{ws()}" for n in names]
+        if not is_plain and rnd.random() < 0.2:
+            parts.append(f'"{names[0]}":null')  # a field twice
+        doc = ws() + "{" + ",".join(parts) + "}" + ws()
+        if not is_plain and rnd.random() < 0.1:
+            doc = doc[: rnd.randint(0, len(doc))]  # cut short
+        raw = doc.encode()
+        docs.append(raw)
+        if is_plain:
+            plain.append(raw)
+    return docs, plain
+
+
+def test_the_bytes_own_reader_gives_jacksons_rows_and_defers_the_rest(spark: Any) -> None:
+    """io.glasspipe.spark.AsciiJson reads plain printable-ASCII records from their bytes: each row it reads is the
+    row PlainJson's Jackson parser reads, it reads every plain ASCII record, and everything else it defers; the job's
+    parse of all of them is still from_json's."""
+    import random
+
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    schema = T._parse_datatype_string(SCHEMA)
+    reader = spark.sparkContext._jvm.io.glasspipe.spark.JsonValues.plainReader(schema.json(), CORRUPT)
+    docs, plain = _random_documents(random.Random(28), 1500)
+    read, differ = 0, []
+    for d in docs:
+        ours = reader.readAscii(bytearray(d))
+        if ours is None:
+            continue
+        read += 1
+        jackson = reader.readWithJackson(bytearray(d))
+        if jackson is None or ours.toString() != jackson.toString():
+            differ.append(d)
+    assert differ == []
+    assert [d for d in plain if reader.readAscii(bytearray(d)) is None] == []
+    assert len(plain) <= read < len(docs) - 200  # it reads the plain ones and defers many others
+    df = spark.createDataFrame([(i, d) for i, d in enumerate(docs)], "i int, value binary").repartition(2)
+    both = parse_json_values(df, "value", "ours", schema, CORRUPT).withColumn(
+        "theirs", F.from_json(F.col("value").cast("string"), schema,
+                              {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
+    differ = [(docs[r["i"]], r["ours"], r["theirs"]) for r in both.collect() if repr(r["ours"]) != repr(r["theirs"])]
+    assert differ == []

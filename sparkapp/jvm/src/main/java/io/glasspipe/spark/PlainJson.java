@@ -1,6 +1,7 @@
 package io.glasspipe.spark;
 
 import java.io.IOException;
+import java.nio.charset.StandardCharsets;
 import java.util.HashMap;
 import java.util.Map;
 import java.util.concurrent.atomic.AtomicReference;
@@ -33,16 +34,18 @@ import org.apache.spark.unsafe.types.UTF8String;
  * name lookup and a closure per field, the failure-safe wrapper per record.
  */
 public final class PlainJson {
-  private enum Kind { STRING, LONG, INT, DOUBLE, FLOAT, BOOLEAN, TIMESTAMP, STRUCT, OTHER }
+  enum Kind { STRING, LONG, INT, DOUBLE, FLOAT, BOOLEAN, TIMESTAMP, STRUCT, OTHER }
 
   /** The fields of one struct: kinds, nested levels, and the slot of each name. */
-  private static final class Level {
+  static final class Level {
     final Kind[] kinds;
     final Level[] nested;
     final HashMap<String, Integer> slots = new HashMap<>();
     /** The names of {@link #slots} interned, and their slots: Jackson interns the names it reads. */
     final String[] names;
     final int[] nameSlots;
+    /** Each of {@link #names} as its bytes when it is printable ASCII (null otherwise): for {@link AsciiJson}. */
+    final byte[][] asciiNames;
 
     Level(StructType struct, String skipped) {
       StructField[] fields = struct.fields();
@@ -60,9 +63,12 @@ public final class PlainJson {
       }
       names = new String[slots.size()];
       nameSlots = new int[slots.size()];
+      asciiNames = new byte[slots.size()][];
       int n = 0;
       for (Map.Entry<String, Integer> e : slots.entrySet()) {
         names[n] = e.getKey().intern();
+        asciiNames[n] = names[n].chars().allMatch(c -> c >= 0x20 && c < 0x7f)
+            ? names[n].getBytes(StandardCharsets.US_ASCII) : null;
         nameSlots[n++] = e.getValue();
       }
     }
@@ -117,10 +123,14 @@ public final class PlainJson {
 
   private final JsonFactory factory;
   private final Level top;
+  /** The bytes' own reader, tried first while it reads most records ({@link Tally}). */
+  private final AsciiJson ascii;
+  private final Tally asciiTally = new Tally();
 
   private PlainJson(JsonFactory factory, StructType schema, String corruptColumn) {
     this.factory = factory.rebuild().recyclerPool(new OneRecycler()).build();
     this.top = new Level(schema, corruptColumn);
+    this.ascii = new AsciiJson(top);
   }
 
   /**
@@ -146,8 +156,30 @@ public final class PlainJson {
     return false;
   }
 
-  /** The record's row, or null when it is not plain (or not JSON at all, or not UTF-8 from its start). */
+  /**
+   * The record's row, or null when it is not plain (or not JSON at all, or not UTF-8 from its start). Its strings may
+   * share {@code value}'s bytes ({@link AsciiJson}): the caller must not change them.
+   */
   public InternalRow read(byte[] value) {
+    if (!readsAsUtf8(value)) {
+      return null;
+    }
+    if (asciiTally.worthTrying()) {
+      InternalRow row = ascii.read(value);
+      if (asciiTally.count(row != null)) {
+        return row;
+      }
+    }
+    return readWithJackson(value);
+  }
+
+  /** {@link AsciiJson}'s row alone, null where it defers: for a test to see what it reads itself. */
+  public InternalRow readAscii(byte[] value) {
+    return ascii.read(value);
+  }
+
+  /** {@link #read} without {@link AsciiJson}: what it defers to, and what a test compares it with. */
+  public InternalRow readWithJackson(byte[] value) {
     if (!readsAsUtf8(value)) {
       return null;
     }
