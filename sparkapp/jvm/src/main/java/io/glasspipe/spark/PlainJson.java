@@ -170,7 +170,7 @@ public final class PlainJson {
         return row;
       }
     }
-    return readWithJackson(value);
+    return jackson(value);
   }
 
   /** {@link AsciiJson}'s row alone, null where it defers: for a test to see what it reads itself. */
@@ -180,9 +180,11 @@ public final class PlainJson {
 
   /** {@link #read} without {@link AsciiJson}: what it defers to, and what a test compares it with. */
   public InternalRow readWithJackson(byte[] value) {
-    if (!readsAsUtf8(value)) {
-      return null;
-    }
+    return readsAsUtf8(value) ? jackson(value) : null;
+  }
+
+  /** The row Jackson's tokens give, for a value {@link #readsAsUtf8} passed. */
+  private InternalRow jackson(byte[] value) {
     try (JsonParser p = factory.createParser(value)) {
       if (p.nextToken() != JsonToken.START_OBJECT) {
         return null;
