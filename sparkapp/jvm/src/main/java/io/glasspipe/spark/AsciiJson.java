@@ -84,16 +84,11 @@ final class AsciiJson {
     while (true) {
       skipSpace();
       int nameStart = pos + 1;
-      if (at() != '"' || !string()) {
+      int nameLength = memberName();
+      if (nameLength < 0) {
         return DEFER;
       }
-      int slot = slot(level, nameStart, pos - 1 - nameStart);
-      skipSpace();
-      if (at() != ':') {
-        return DEFER;
-      }
-      pos++;
-      skipSpace();
+      int slot = slot(level, nameStart, nameLength);
       if (slot < 0) {
         if (!skip(depth)) {
           return DEFER;
@@ -119,6 +114,25 @@ final class AsciiJson {
         return DEFER;
       }
     }
+  }
+
+  /**
+   * Past a member's name at the position, its colon and the space after: the name's length in bytes (it starts one
+   * past the position), or -1 when the member is not of the kind read here.
+   */
+  private int memberName() {
+    int from = pos + 1;
+    if (at() != '"' || !string()) {
+      return -1;
+    }
+    int length = pos - 1 - from;
+    skipSpace();
+    if (at() != ':') {
+      return -1;
+    }
+    pos++;
+    skipSpace();
+    return length;
   }
 
   /** The slot of the field named by the {@code length} bytes at {@code from}, -1 for a field not declared. */
@@ -267,18 +281,7 @@ final class AsciiJson {
     }
     while (true) {
       skipSpace();
-      if (isObject) {
-        if (at() != '"' || !string()) {
-          return false;
-        }
-        skipSpace();
-        if (at() != ':') {
-          return false;
-        }
-        pos++;
-        skipSpace();
-      }
-      if (!skip(depth)) {
+      if ((isObject && memberName() < 0) || !skip(depth)) {
         return false;
       }
       skipSpace();
