@@ -383,6 +383,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
                 "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,
+                # first occurrences in all, seen by the end of the wait, and of the measured window's events
+                "firsts": workload.firsts, "firsts_seen": poller.rows, "firsts_measured": len(plan) - plan.repeats,
                 "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
                 "pipeline_cores_by_thread": {k: v / got["seconds"] for k, v in by_thread.items()}}
     finally:
