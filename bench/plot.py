@@ -59,10 +59,10 @@ def below(ax: Any, size: int) -> None:
 
 
 def thousands(ax: Any) -> None:
-    """Offered rates as 80k, 100k: full numbers run into each other on a narrow axis."""
+    """Offered rates as 80k, 2.5k: full numbers run into each other on a narrow axis."""
     from matplotlib.ticker import FuncFormatter
 
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:.0f}k" if x else "0"))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x / 1000:g}k" if x else "0"))
 
 
 def fell_behind(r: dict[str, Any]) -> bool:
