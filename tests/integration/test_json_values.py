@@ -295,10 +295,11 @@ def _random_documents(rnd: Any, count: int) -> tuple[list[bytes], list[bytes]]:
         return rnd.choice(space) if rnd.random() < 0.3 else ""
 
     def text(plain: bool) -> str:
-        chars = "abcXYZ09 _-:./@"
-        s = "".join(rnd.choice(chars) for _ in range(rnd.randint(0, 12)))
-        if not plain:
-            s += rnd.choice(["é", "☃", "\\n", "\\\"", "\\u0041", "\x7f", "𝄞"])
+        chars = "abcXYZ09 _-:./@~"
+        s = "".join(rnd.choice(chars) for _ in range(rnd.randint(0, 24)))
+        if not plain:  # anywhere in the string, so that the reader's scan of eight bytes at once meets it at each place
+            at = rnd.randint(0, len(s))
+            s = s[:at] + rnd.choice(["é", "☃", "\\n", "\\\"", "\\u0041", "\x7f", "𝄞", "\x01", "\t"]) + s[at:]
         return '"' + s + '"'
 
     def number(plain: bool) -> str:
