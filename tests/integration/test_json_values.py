@@ -297,7 +297,7 @@ def _random_documents(rnd: Any, count: int) -> tuple[list[bytes], list[bytes]]:
     def text(plain: bool) -> str:
         chars = "abcXYZ09 _-:./@~"
         s = "".join(rnd.choice(chars) for _ in range(rnd.randint(0, 24)))
-        if not plain:  # anywhere in the string, so that the reader's scan of eight bytes at once meets it at each place
+        if not plain:  # anywhere in the string, so that the reader meets it at every offset, not only last
             at = rnd.randint(0, len(s))
             s = s[:at] + rnd.choice(["é", "☃", "\\n", "\\\"", "\\u0041", "\x7f", "𝄞", "\x01", "\t"]) + s[at:]
         return '"' + s + '"'
