@@ -26,11 +26,23 @@ from pyspark.sql import DataFrame
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.util import _load_from_socket
 
+from glasspipe_job.jvm import arrow_batch_rdd
+
+
+def _large_var_types(df: DataFrame) -> bool:
+    return df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
+
 
 def arrow_schema(df: DataFrame) -> pa.Schema:
-    large = df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
     return to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
-                           prefers_large_types=large)
+                           prefers_large_types=_large_var_types(df))
+
+
+def serialized_batches(df: DataFrame) -> Any:
+    """A JavaRDD of ``df``'s rows as serialized Arrow record batches (``arrow_schema``'s layout): the ops jar's
+    writer where it fills every column, else Spark's."""
+    ours = arrow_batch_rdd(df, _large_var_types(df))
+    return ours if ours is not None else df._jdf.toArrowBatchRdd().toJavaRDD()
 
 
 def partitions_per_part(batch_rows: int | None, batch_bound: int, partitions: int) -> int:
@@ -58,7 +70,7 @@ def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: 
     jvm = sc._jvm
     assert jvm is not None
     schema = arrow_schema(df)
-    rdd = df._jdf.toArrowBatchRdd().toJavaRDD()  # serialized Arrow record batches, per partition
+    rdd = serialized_batches(df)
     n = rdd.getNumPartitions()
     # one_part: the whole batch at once, for a plan whose partitions may come in another order when the batch is
     # replayed (deduplication per Kafka partition: Spark orders the Kafka source's ranges as its offsets map does);

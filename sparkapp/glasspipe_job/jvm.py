@@ -244,6 +244,22 @@ def _loaded_class(spark: Any, entry: str) -> Any:
     return cls
 
 
+ARROW_BATCHES_ENTRY = "io.glasspipe.spark.ArrowBatches"
+
+
+def arrow_batch_rdd(df: DataFrame, large_var_types: bool) -> Any:
+    """``df``'s rows as a JavaRDD of serialized Arrow record batches, as ``Dataset.toArrowBatchRdd`` gives them,
+    written by the ops jar's ``ArrowBatches`` straight from the rows (Spark's writer was 12.6 % of the tasks'
+    time at 80 000 events/s). None when the jar is not loaded or a column has a type it does not fill (a
+    decimal, an array, a struct...): then Spark's writer is the caller's."""
+    cls = _loaded_class(df.sparkSession, ARROW_BATCHES_ENTRY)
+    if cls is None:
+        return None
+    jdf = df._jdf
+    max_records = int(df.sparkSession.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
+    return cls.batches(jdf.queryExecution().executedPlan(), jdf.schema(), max_records, large_var_types)
+
+
 def keys_in_two_partitions(spark: Any) -> int:
     """How many times this driver saw a key again in another Kafka partition within its window (0 when the jar
     is not loaded: no dedup ran)."""
