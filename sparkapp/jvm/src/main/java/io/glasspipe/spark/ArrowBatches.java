@@ -14,6 +14,7 @@ import java.util.concurrent.ConcurrentLinkedQueue;
 import org.apache.arrow.memory.BufferAllocator;
 import org.apache.arrow.vector.BaseLargeVariableWidthVector;
 import org.apache.arrow.vector.BaseVariableWidthVector;
+import org.apache.arrow.vector.DecimalVector;
 import org.apache.arrow.vector.FieldVector;
 import org.apache.arrow.vector.VectorSchemaRoot;
 import org.apache.arrow.vector.VectorUnloader;
@@ -29,6 +30,8 @@ import org.apache.spark.sql.types.BooleanType;
 import org.apache.spark.sql.types.ByteType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DateType;
+import org.apache.spark.sql.types.Decimal;
+import org.apache.spark.sql.types.DecimalType;
 import org.apache.spark.sql.types.DoubleType;
 import org.apache.spark.sql.types.FloatType;
 import org.apache.spark.sql.types.IntegerType;
@@ -67,6 +70,7 @@ public final class ArrowBatches {
   private static final int BOOLEAN = 8;
   private static final int DATE = 9;
   private static final int TIMESTAMP = 10;
+  private static final int DECIMAL = 11;
   /** Rows a batch holds when Spark's {@code maxRecordsPerBatch} is 0 or less ("no limit"). */
   static final int UNBOUNDED_BATCH_ROWS = 10_000;
 
@@ -125,6 +129,8 @@ public final class ArrowBatches {
       return DATE;
     } else if (t instanceof TimestampType || t instanceof TimestampNTZType) {
       return TIMESTAMP; // microseconds, with or without the session's time zone in the schema
+    } else if (t instanceof DecimalType) {
+      return DECIMAL;
     }
     return -1;
   }
@@ -209,6 +215,8 @@ public final class ArrowBatches {
     private final long[] values;
     private final long[] offsets;
     private final long[] capacities;
+    /** Per decimal column, its type (null for the others). */
+    private final DecimalType[] decimals;
     private boolean closed;
 
     Writer(Iterator<InternalRow> rows, String key, StructType schema, int[] kinds, int batchRows, boolean large) {
@@ -226,6 +234,12 @@ public final class ArrowBatches {
       values = new long[vectors.length];
       offsets = new long[vectors.length];
       capacities = new long[vectors.length];
+      decimals = new DecimalType[vectors.length];
+      for (int c = 0; c < vectors.length; c++) {
+        if (schema.fields()[c].dataType() instanceof DecimalType type) {
+          decimals[c] = type;
+        }
+      }
       TaskContext task = TaskContext.get();
       if (task != null) {
         task.addTaskCompletionListener(ctx -> {
@@ -323,6 +337,14 @@ public final class ArrowBatches {
             setBit(at, n);
           }
           break;
+        case DECIMAL: { // as Spark's writer: NULL where the value does not fit the column's precision
+          DecimalType type = decimals[c];
+          Decimal d = row.getDecimal(c, type.precision(), type.scale());
+          if (d.changePrecision(type.precision(), type.scale())) {
+            ((DecimalVector) vectors[c]).set(n, d.toJavaBigDecimal()); // sets the validity bit
+          }
+          return;
+        }
         default:
           throw new IllegalStateException("column " + c + " has no writer");
       }
