@@ -136,10 +136,10 @@ public final class ArrowBatches {
   }
 
   /**
-   * A batch's vectors (allocated for {@code batchRows} rows) and the array it is serialized into. A task's vectors grow
-   * to the size of its batches; allocating and growing them again in every task was 4 % of the task samples (a
-   * micro-batch is a task per partition). So a finished task's vectors wait in {@link #IDLE} for the next task of
-   * the same schema, up to {@link #MAX_IDLE} of them and {@link #MAX_IDLE_BYTES} each; others are freed.
+   * A batch's vectors (allocated for {@code batchRows} rows) and the array it is serialized into. A micro-batch runs a
+   * task per partition, and a task's vectors grow to the size of its batches; so a finished task's vectors wait in
+   * {@link #IDLE} for the next task of the same schema instead of being allocated and grown again, up to
+   * {@link #MAX_IDLE} of them and {@link #MAX_IDLE_BYTES} each; others are freed.
    */
   private static final class Vectors {
     private static final ConcurrentLinkedQueue<Vectors> IDLE = new ConcurrentLinkedQueue<>();
