@@ -250,8 +250,8 @@ ARROW_BATCHES_ENTRY = "io.glasspipe.spark.ArrowBatches"
 def arrow_batch_rdd(df: DataFrame, large_var_types: bool) -> Any:
     """``df``'s rows as a JavaRDD of serialized Arrow record batches, as ``Dataset.toArrowBatchRdd`` gives them,
     written by the ops jar's ``ArrowBatches`` straight from the rows (Spark's writer was 12.6 % of the tasks'
-    time at 80 000 events/s). None when the jar is not loaded or a column has a type it does not fill (a
-    decimal, an array, a struct...): then Spark's writer is the caller's."""
+    time at 80 000 events/s). None when the jar is not loaded or a column has a type it does not fill (an
+    array, a map, a struct...): then Spark's writer is the caller's."""
     cls = _loaded_class(df.sparkSession, ARROW_BATCHES_ENTRY)
     if cls is None:
         return None
