@@ -33,15 +33,16 @@ def _large_var_types(df: DataFrame) -> bool:
     return df.sparkSession.conf.get("spark.sql.execution.arrow.useLargeVarTypes", "false") == "true"
 
 
-def arrow_schema(df: DataFrame) -> pa.Schema:
+def arrow_schema(df: DataFrame, large: bool | None = None) -> pa.Schema:
+    """``df``'s Arrow schema; ``large``: 64-bit string offsets (read from the session's conf when None)."""
     return to_arrow_schema(df.schema, error_on_duplicated_field_names_in_struct=True, timezone="UTC",
-                           prefers_large_types=_large_var_types(df))
+                           prefers_large_types=_large_var_types(df) if large is None else large)
 
 
-def serialized_batches(df: DataFrame) -> Any:
-    """A JavaRDD of ``df``'s rows as serialized Arrow record batches (``arrow_schema``'s layout): the ops jar's
-    writer where it fills every column, else Spark's."""
-    ours = arrow_batch_rdd(df, _large_var_types(df))
+def serialized_batches(df: DataFrame, large: bool) -> Any:
+    """A JavaRDD of ``df``'s rows as serialized Arrow record batches (``arrow_schema(df, large)``'s layout): the ops
+    jar's writer where it fills every column, else Spark's."""
+    ours = arrow_batch_rdd(df, large)
     return ours if ours is not None else df._jdf.toArrowBatchRdd().toJavaRDD()
 
 
@@ -69,8 +70,9 @@ def arrow_partitions(df: DataFrame, batch_rows: int | None = None, batch_bound: 
     sc = spark.sparkContext
     jvm = sc._jvm
     assert jvm is not None
-    schema = arrow_schema(df)
-    rdd = serialized_batches(df)
+    large = _large_var_types(df)  # one read of the conf for both: the schema and the batches must agree
+    schema = arrow_schema(df, large)
+    rdd = serialized_batches(df, large)
     n = rdd.getNumPartitions()
     # one_part: the whole batch at once, for a plan whose partitions may come in another order when the batch is
     # replayed (deduplication per Kafka partition: Spark orders the Kafka source's ranges as its offsets map does);
