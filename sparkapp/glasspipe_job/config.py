@@ -22,6 +22,14 @@ from glasspipe_job.failure import JobFailure
 # up to 20 fetches a second instead of 2.
 KAFKA_FETCH_MAX_WAIT_MS = 50
 
+# Records a poll of Spark's Kafka reader may return (Kafka's default 500). Spark seeks before every poll and asks
+# the broker for the partition's earliest and latest offsets after it (two ListOffsets round trips), so each poll
+# costs the reader and the broker alike, whatever it returns. 10 000 lets one poll take a whole fetch (1 MiB a
+# partition, ~4 500 records of 200 bytes). Reading 4 M such records, local[2], medians of 7 rounds: Spark 1.91 ->
+# 1.56 CPU-us a record, the broker 0.87 -> 0.31 (bench/kafka_reader.py; docs/benchmarks.md). A task's records
+# past its offset range stay cached for the next batch, at most one poll's: 10 000 records, a few MB.
+KAFKA_MAX_POLL_RECORDS = 10_000
+
 
 class SecretMissing(JobFailure):
     """A Secret file the render mounts is not there (a run outside Kubernetes without it)."""
@@ -108,7 +116,8 @@ class JobConfig:
         SASL JAAS config, from Spark's logs and plans (contract.REQUIRED_SPARK_CONF)."""
         sec = source.kafka.security
         opts = {"kafka.bootstrap.servers": source.kafka.bootstrap_servers, "kafka.security.protocol": sec.protocol,
-                "kafka.fetch.max.wait.ms": str(KAFKA_FETCH_MAX_WAIT_MS)}
+                "kafka.fetch.max.wait.ms": str(KAFKA_FETCH_MAX_WAIT_MS),
+                "kafka.max.poll.records": str(KAFKA_MAX_POLL_RECORDS)}
         if sec.sasl is not None:
             user, password = self.sasl_credentials(source)
             module = ("org.apache.kafka.common.security.plain.PlainLoginModule" if sec.sasl.mechanism == "PLAIN"

@@ -63,6 +63,9 @@ def test_the_rendered_kafka_ca_reaches_spark_and_librdkafka() -> None:
     assert spark["kafka.ssl.truststore.type"] == "PEM"
     # a cached consumer's parked fetch must not hold the next micro-batch's Kafka task for Kafka's 500 ms
     assert int(spark["kafka.fetch.max.wait.ms"]) <= 100
+    # Spark's reader asks the broker for the offset range after every poll: a poll must take a whole fetch
+    # (1 MiB a partition, ~4 500 records of 200 bytes), not Kafka's default 500 records of it
+    assert int(spark["kafka.max.poll.records"]) >= 5_000
     # offset commits, the dead-letter producer and the warm-up consumer all use these
     rdkafka = config.librdkafka_options(source)
     assert rdkafka["security.protocol"] == "SSL"
