@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from thread_cpu import process_cpu
-from workload import TAIL, Workload, _producer, _send, sent_at
+from workload import Workload, fill
 
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.spark import local_spark_session
@@ -48,12 +48,7 @@ def parse_variant(text: str) -> tuple[str, dict[str, str]]:
 def fill_topic(kafka: KafkaServer, records: int, partitions: int) -> None:
     """The topic, keyed by sms_id, holding ``records`` events."""
     kafka.create_topic(TOPIC, partitions=partitions)
-    plan = Workload().plan(records, rate=1e9)
-    producer = _producer(kafka.bootstrap, linger_ms=50)
-    tail = sent_at(time.time()) + TAIL
-    for key, head in zip(plan.keys, plan.heads, strict=True):
-        _send(producer, TOPIC, head + tail, key)
-    if producer.flush(120) != 0:
+    if fill(kafka.bootstrap, TOPIC, Workload().plan(records, rate=1e9), timeout_s=120) != 0:
         sys.exit("the producer did not deliver every record in 120 s")
 
 

@@ -157,6 +157,16 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float,
             "cpu": time.process_time() - cpu0}
 
 
+def fill(bootstrap: str, topic: str, plan: Plan, linger_ms: int = 50, timeout_s: float = 120) -> int:
+    """Append all of ``plan``'s events as fast as the producer takes them, all with one sent_at (a topic to read
+    afterwards, not a paced stream: produce_plan). Returns how many were not delivered in ``timeout_s``."""
+    producer = _producer(bootstrap, linger_ms)
+    tail = sent_at(time.time()) + TAIL
+    for key, head in zip(plan.keys, plan.heads, strict=True):
+        _send(producer, topic, head + tail, key)
+    return int(producer.flush(timeout_s))
+
+
 def _main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--bootstrap", required=True)
