@@ -15,8 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-# (phase, any of these substrings in a frame), first match from the innermost frame's side wins for JFR,
-# from the job's own frames for py-spy.
+# (phase, any of these substrings in a frame): for JFR the innermost frame that any phase marks decides (jfr_phase);
+# for py-spy, the first phase that marks any of the stack's frames.
 PYSPY_PHASES = [
     ("Spark start-up (JVM launch, session)", ("spark_session", "launch_gateway")),
     ("stream set-up (plan, hand-over, checkpoint)", ("start_pipeline", "prepare_handover", "output_stream")),
@@ -33,13 +33,17 @@ PYSPY_PHASES = [
     ("progress listener", ("onQueryProgress",)),
 ]
 
+STACK_DEPTH = 1024  # bench/freshness.py records the driver with -XX:FlightRecorderOptions=stackdepth=1024
 JFR_PHASES = [
     ("class loading (first use of Spark/Kafka classes)", ("ClassLoader", "ZipFile", "URLClassPath", "JarFile")),
     ("code generation (Janino compiling plans)", ("janino", "CodeGenerator", "codehaus")),
     ("Kafka fetch", ("kafka010", "org/apache/kafka")),
-    ("JSON parsing (from_json)", ("JacksonParser", "jackson", "JsonToStructs", "json/")),
-    ("dedup state (transformWithState, RocksDB)", ("DedupProcessor", "transformwithstate", "rocksdb", "RocksDB",
-                                                   "StateStore")),
+    ("JSON parsing (from_json, the ops jar's parsers)", ("JacksonParser", "jackson", "JsonToStructs", "json/",
+                                                         "spark/AsciiJson", "spark/PlainJson", "spark/JsonValues",
+                                                         "spark/IsoTimestamps")),
+    ("dedup state (transformWithState, per Kafka partition, RocksDB)", ("DedupProcessor", "transformwithstate",
+                                                                        "PartitionDedup", "rocksdb", "RocksDB",
+                                                                        "StateStore")),
     ("shuffle", ("shuffle", "Shuffle")),
     ("Arrow conversion for toArrow", ("arrow", "Arrow")),
     ("other generated code (projections, filters)", ("GeneratedClass",)),
@@ -65,10 +69,22 @@ def pyspy_summary(path: Path, rate: float) -> None:
         print(f"  {count / rate:7.1f} s  {phase}")
 
 
+def jfr_phase(frames: list[str]) -> str | None:
+    """The phase of a sample's stack (innermost frame first): the first frame that any phase marks, and of the
+    phases marking that frame the first in JFR_PHASES. A deep stack has many phases' frames below the one the CPU
+    was in (every task runs under Spark's executor, every stateful stage under its state store)."""
+    for frame in frames:
+        for name, marks in JFR_PHASES:
+            if any(m in frame for m in marks):
+                return name
+    return None
+
+
 def jfr_summary(path: Path, top: int = 0) -> None:
     jfr = shutil.which("jfr") or str(Path(sys.prefix).parent / "bin" / "jfr")
-    out = subprocess.run([jfr, "print", "--json", "--events", "jdk.ExecutionSample", str(path)],
-                         capture_output=True, text=True, check=True).stdout
+    # jfr print keeps 5 frames of a stack unless told: too few to reach a Spark operator's frame
+    out = subprocess.run([jfr, "print", "--json", "--stack-depth", str(STACK_DEPTH), "--events", "jdk.ExecutionSample",
+                          str(path)], capture_output=True, text=True, check=True).stdout
     events = json.loads(out)["recording"]["events"]
     per_phase: collections.Counter[str] = collections.Counter()
     leaves: collections.Counter[str] = collections.Counter()
@@ -77,12 +93,7 @@ def jfr_summary(path: Path, top: int = 0) -> None:
         frames = [f["method"]["type"]["name"] + "." + f["method"]["name"] for f in st.get("frames") or []]
         if frames:
             leaves[frames[0]] += 1  # the innermost frame: where the CPU was
-        phase = None
-        for name, marks in JFR_PHASES:  # the phase list is in priority order
-            if any(m in f for f in frames for m in marks):
-                phase = name
-                break
-        per_phase[phase or "other"] += 1
+        per_phase[jfr_phase(frames) or "other"] += 1
     total = sum(per_phase.values())
     print(f"JFR {path.name}: {total} on-CPU samples (~{total / 100:.0f} CPU-s at 10 ms per sample and thread):")
     for phase, n in per_phase.most_common():
