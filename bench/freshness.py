@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from profile_summary import STACK_DEPTH
 from thread_cpu import CpuWindow, descendants
 from workload import LINGER_MS, Workload, produce_plan
 
@@ -287,7 +288,7 @@ def jfr_driver_options(start_file: Path) -> str:
     compiled yet. SPARK_SUBMIT_OPTS reaches the driver's JVM, not spark-submit's launcher, whose output is the
     driver's command line."""
     own = os.environ.get("SPARK_SUBMIT_OPTS", "")
-    return (f"{own} -XX:FlightRecorderOptions=stackdepth=1024 "
+    return (f"{own} -XX:FlightRecorderOptions=stackdepth={STACK_DEPTH} "
             f"-XX:StartFlightRecording=name=gp-start,duration=1s,filename={start_file}").strip()
 
 

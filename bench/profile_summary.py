@@ -33,7 +33,7 @@ PYSPY_PHASES = [
     ("progress listener", ("onQueryProgress",)),
 ]
 
-STACK_DEPTH = 1024  # bench/freshness.py records the driver with -XX:FlightRecorderOptions=stackdepth=1024
+STACK_DEPTH = 1024  # frames a JFR sample keeps (bench/freshness.py --jfr records with it) and this script reads
 JFR_PHASES = [
     ("class loading (first use of Spark/Kafka classes)", ("ClassLoader", "ZipFile", "URLClassPath", "JarFile")),
     ("code generation (Janino compiling plans)", ("janino", "CodeGenerator", "codehaus")),
