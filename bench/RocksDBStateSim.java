@@ -44,13 +44,18 @@ import org.rocksdb.WriteOptions;
  * the timers by key are seeked for each new key instead), segments=N (not transformWithState's layout: no timers;
  * each key's first time goes into the newest of N + 1 column families, each {@code window / N} seconds long, a
  * key is looked up in all of them, newest first, and the oldest is dropped whole as a new one opens, so nothing
- * is ever deleted key by key: what an operator of glasspipe's own could keep), scattered (keys scattered over the
- * key space instead of made in order).
+ * is ever deleted key by key: what an operator of glasspipe's own could keep), buckets=B (the default engine's
+ * layout since plan dedup-buckets/1, io.glasspipe.spark.BucketDedupProcessor: keys grouped into B buckets, each a
+ * map of its keys and one timer on a grid of grid=G seconds, window / 8 unless given; see runBuckets), scattered
+ * (keys scattered over the key space instead of made in order). The printout splits the expiry's CPU: the scan
+ * of the timers by time, which steps over the tombstones of every timer deleted since RocksDB last compacted.
  */
 public final class RocksDBStateSim {
   private static final short VALUE = 1;
   private static final short TIMER_BY_KEY = 2;
   private static final short TIMER_BY_TIME = 3;
+  private static final short MAP = 4;
+  private static final short BUCKET_TIMER = 5;
 
   private RocksDBStateSim() {}
 
@@ -101,13 +106,14 @@ public final class RocksDBStateSim {
 
   /** One run's line: keys, how they went, wall time, CPU of the loop and of RocksDB's threads, compactions. */
   private static void report(String[] args, long made, String gone, long startWall, long loopNs, long expiryNs,
-      Statistics st) throws Exception {
+      long scanNs, Statistics st) throws Exception {
     TreeMap<String, Long> byName = new TreeMap<>();
     long[] cpu = threadCpuMs(byName);
-    System.out.printf("%s: %d keys made, %s in %.1f s; CPU s: the loop %.1f (expiry %.1f), RocksDB's "
-        + "background %.1f %s, the process %.1f; compactions read %d MB and wrote %d MB%n",
+    System.out.printf("%s: %d keys made, %s in %.1f s; CPU s: the loop %.1f (expiry %.1f, of it the scan of the "
+        + "timers by time %.1f), RocksDB's background %.1f %s, the process %.1f; compactions read %d MB and wrote "
+        + "%d MB%n",
         String.join(" ", args), made, gone, (System.nanoTime() - startWall) / 1e9, loopNs / 1e9,
-        expiryNs / 1e9, cpu[1] / 1e3, byName, cpu[0] / 1e3,
+        expiryNs / 1e9, scanNs / 1e9, cpu[1] / 1e3, byName, cpu[0] / 1e3,
         st.getTickerCount(TickerType.COMPACT_READ_BYTES) >> 20,
         st.getTickerCount(TickerType.COMPACT_WRITE_BYTES) >> 20);
   }
@@ -166,13 +172,152 @@ public final class RocksDBStateSim {
         }
         loopNs += bean.getCurrentThreadCpuTime() - t0;
       }
-      report(args, made, dropped + " dropped with their segments", startWall, loopNs, expiryNs, options.statistics());
+      report(args, made, dropped + " dropped with their segments", startWall, loopNs, expiryNs, 0, options.statistics());
       for (ColumnFamilyHandle h : live) {
         h.close();
       }
       for (ColumnFamilyHandle h : handles) {
         h.close();
       }
+    }
+  }
+
+  /** A grouping key of one int (a bucket) as Spark encodes it: an UnsafeRow's null bits and its 8-byte slot. */
+  static byte[] bucketRow(int bucket) {
+    return ByteBuffer.allocate(16).putLong(0L).putLong(bucket).array();
+  }
+
+  static byte[] withPrefix(short cf, byte[]... parts) {
+    int n = 2;
+    for (byte[] p : parts) {
+      n += p.length;
+    }
+    ByteBuffer b = ByteBuffer.allocate(n).putShort(cf);
+    for (byte[] p : parts) {
+      b.put(p);
+    }
+    return b.array();
+  }
+
+  /** A bucket's grid point at or after {@code expiry}, its grid offset by its share of a step (as the processor). */
+  static long gridAt(long bucket, long expiry, long gridMs, int buckets) {
+    long phase = bucket * gridMs / buckets;
+    return phase + Math.floorDiv(expiry - phase + gridMs - 1, gridMs) * gridMs;
+  }
+
+  static byte[] tsBytes(long ts) {
+    return ByteBuffer.allocate(8).putLong(ts ^ Long.MIN_VALUE).array();
+  }
+
+  /**
+   * The buckets=B layout: transformWithState grouped by a bucket of the key (B of them) instead of the key. Each
+   * bucket keeps a map state (key -> first time) and one event-time timer, on a grid of {@code grid} seconds at or
+   * after its earliest expiry; when it fires, the bucket's map is read whole, the expired keys are deleted and the
+   * timer is set again for the earliest left. So a timer (and its tombstones) per bucket and grid step, not per
+   * key, at the price of reading each live key about window / grid times before it expires.
+   */
+  private static void runBuckets(File dir, ColumnFamilyOptions cf, int rate, int windowS, int seconds,
+      int snapshotS, int buckets, int gridS, String[] args) throws Exception {
+    Options options = new Options(new DBOptions().setCreateIfMissing(true).setStatistics(new Statistics()), cf);
+    WriteOptions write = new WriteOptions().setDisableWAL(true);
+    ReadOptions read = new ReadOptions();
+    FlushOptions flush = new FlushOptions().setWaitForFlush(true);
+    byte[] empty = new byte[0];
+    ThreadMXBean bean = ManagementFactory.getThreadMXBean();
+    long gridMs = gridS * 1000L;
+    long windowMs = windowS * 1000L;
+    long made = 0;
+    long expired = 0;
+    long read_ = 0;
+    long fired = 0;
+    long loopNs = 0;
+    long expiryNs = 0;
+    long scanNs = 0;
+    long startWall = System.nanoTime();
+    try (RocksDB db = RocksDB.open(options, dir.getPath())) {
+      for (int sec = 0; sec < seconds; sec++) {
+        long t0 = bean.getCurrentThreadCpuTime();
+        long now = sec * 1000L;
+        long watermark = now;
+        List<byte[]> due = new ArrayList<>();
+        try (RocksIterator it = db.newIterator()) {
+          for (it.seek(new byte[] {0, (byte) TIMER_BY_TIME}); it.isValid(); it.next()) {
+            byte[] k = it.key();
+            if (k[0] != 0 || k[1] != TIMER_BY_TIME
+                || (ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE) > watermark) {
+              break;
+            }
+            due.add(k);
+          }
+        }
+        scanNs += bean.getCurrentThreadCpuTime() - t0;
+        for (byte[] k : due) {
+          fired++;
+          long ts = ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE;
+          byte[] row = java.util.Arrays.copyOfRange(k, 10, 26);
+          byte[] prefix = withPrefix(MAP, row);
+          long earliest = Long.MAX_VALUE;
+          List<byte[]> gone = new ArrayList<>();
+          try (RocksIterator it = db.newIterator()) {
+            for (it.seek(prefix); it.isValid(); it.next()) {
+              byte[] mk = it.key();
+              if (mk.length < prefix.length || !java.util.Arrays.equals(mk, 0, prefix.length, prefix, 0, prefix.length)) {
+                break;
+              }
+              read_++;
+              long first = ByteBuffer.wrap(it.value()).getLong();
+              if (first + windowMs <= watermark) {
+                gone.add(mk);
+              } else {
+                earliest = Math.min(earliest, first + windowMs);
+              }
+            }
+          }
+          for (byte[] mk : gone) {
+            db.delete(write, mk);
+            expired++;
+          }
+          db.get(read, withPrefix(TIMER_BY_KEY, row, tsBytes(ts))); // deleteTimer: exists
+          db.delete(write, k);
+          db.delete(write, withPrefix(TIMER_BY_KEY, row, tsBytes(ts)));
+          if (earliest == Long.MAX_VALUE) {
+            db.delete(write, withPrefix(BUCKET_TIMER, row));
+          } else {
+            long at = gridAt(ByteBuffer.wrap(row, 8, 8).getLong(), earliest, gridMs, buckets);
+            db.get(read, withPrefix(TIMER_BY_KEY, row, tsBytes(at))); // registerTimer: exists
+            db.put(write, withPrefix(TIMER_BY_KEY, row, tsBytes(at)), empty);
+            db.put(write, withPrefix(TIMER_BY_TIME, tsBytes(at), row), empty);
+            db.put(write, withPrefix(BUCKET_TIMER, row), ByteBuffer.allocate(8).putLong(at).array());
+          }
+        }
+        expiryNs += bean.getCurrentThreadCpuTime() - t0;
+        for (int i = 0; i < rate; i++) {
+          String id = id(made++);
+          int bucket = Math.floorMod(id.hashCode(), buckets);
+          byte[] row = bucketRow(bucket);
+          byte[] mk = withPrefix(MAP, row, key(VALUE, id, 0, false, false));
+          db.get(read, mk);
+          db.put(write, mk, ByteBuffer.allocate(24).putLong(now).array());
+          if (db.get(read, withPrefix(BUCKET_TIMER, row)) == null) {
+            long at = gridAt(bucket, now + windowMs, gridMs, buckets);
+            db.get(read, withPrefix(TIMER_BY_KEY, row, tsBytes(at)));
+            db.put(write, withPrefix(TIMER_BY_KEY, row, tsBytes(at)), empty);
+            db.put(write, withPrefix(TIMER_BY_TIME, tsBytes(at), row), empty);
+            db.put(write, withPrefix(BUCKET_TIMER, row), ByteBuffer.allocate(8).putLong(at).array());
+          }
+          if (i % 9 == 0 && made > 10) {
+            String recent = id(made - 5);
+            db.get(read, withPrefix(MAP, bucketRow(Math.floorMod(recent.hashCode(), buckets)),
+                key(VALUE, recent, 0, false, false)));
+          }
+        }
+        if ((sec + 1) % snapshotS == 0) {
+          db.flush(flush);
+        }
+        loopNs += bean.getCurrentThreadCpuTime() - t0;
+      }
+      report(args, made, expired + " expired (" + fired + " bucket timers fired, " + read_ + " keys read by them)",
+          startWall, loopNs, expiryNs, scanNs, options.statistics());
     }
   }
 
@@ -188,6 +333,8 @@ public final class RocksDBStateSim {
     boolean dynamic = true;
     boolean timerOnly = false;
     int segments = 0;
+    int buckets = 0;
+    int gridS = 0;
     CompressionType compression = CompressionType.LZ4_COMPRESSION;
     for (String arg : args) {
       String[] kv = arg.split("=", 2);
@@ -204,6 +351,8 @@ public final class RocksDBStateSim {
         case "timeronly": timerOnly = true; break;
         case "segments": segments = Integer.parseInt(kv[1]); break;
         case "scattered": scattered = true; break;
+        case "buckets": buckets = Integer.parseInt(kv[1]); break;
+        case "grid": gridS = Integer.parseInt(kv[1]); break;
         default: throw new IllegalArgumentException("unknown argument " + arg);
       }
     }
@@ -225,6 +374,11 @@ public final class RocksDBStateSim {
       runSegments(dir, cf, rate, windowS, seconds, snapshotS, segments, args);
       return;
     }
+    if (buckets > 0) {
+      runBuckets(dir, cf, rate, windowS, seconds, snapshotS, buckets, gridS > 0 ? gridS : Math.max(1, windowS / 8),
+          args);
+      return;
+    }
     Options options = new Options(new DBOptions().setCreateIfMissing(true).setStatistics(new Statistics()), cf);
     WriteOptions write = new WriteOptions().setDisableWAL(true);
     ReadOptions read = new ReadOptions();
@@ -236,6 +390,7 @@ public final class RocksDBStateSim {
     long expired = 0;
     long loopNs = 0;
     long expiryNs = 0;
+    long scanNs = 0;
     long startWall = System.nanoTime();
     try (RocksDB db = RocksDB.open(options, dir.getPath())) {
       for (int sec = 0; sec < seconds; sec++) {
@@ -253,6 +408,7 @@ public final class RocksDBStateSim {
             due.add(k);
           }
         }
+        scanNs += bean.getCurrentThreadCpuTime() - t0;
         for (byte[] k : due) {
           long ts = ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE;
           String id = id(expired++);
@@ -286,7 +442,7 @@ public final class RocksDBStateSim {
         }
         loopNs += bean.getCurrentThreadCpuTime() - t0;
       }
-      report(args, made, expired + " expired", startWall, loopNs, expiryNs, options.statistics());
+      report(args, made, expired + " expired", startWall, loopNs, expiryNs, scanNs, options.statistics());
     }
   }
 }

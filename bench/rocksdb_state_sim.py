@@ -9,6 +9,8 @@ around RocksDB is not in it.
     python bench/rocksdb_state_sim.py --seconds 180 --window 60 "" "wb=256" "trigger=8" "universal"
     python bench/rocksdb_state_sim.py --rate 45000 --window 120 --seconds 360 "" "segments=4"   # a layout by time
     python bench/rocksdb_state_sim.py --rate 45000 --window 120 --seconds 360 "scattered" "scattered segments=4"
+    python bench/rocksdb_state_sim.py --rate 1250 --window 480 --seconds 1200 --snapshot 240 "" "buckets=1024 grid=120"
+        # one of two state partitions at 10 000 events/s in 250 ms batches, a 2 m window: a step is a batch
 """
 
 from __future__ import annotations
