@@ -171,6 +171,11 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
 # (its SEGMENTS, its key bytes) needs a new number; 2: glasspipe's own key bytes, not Spark's range-scan encoding.
 PARTITION_DEDUP_PLAN = "dedup-per-kafka-partition/2"
 PARTITION_DEDUP_STATE = "dedup-per-kafka-partition"  # its stores' folder in the query's checkpoint
+# The plan of a checkpoint whose single source deduplicates with the default engine: transformWithState grouped by
+# a bucket of the key, a map state and a timer a bucket (io.glasspipe.spark.BucketDedupProcessor). A checkpoint of
+# the earlier layout (a value and a timer a key, recorded as plan "") is set aside and its state rebuilt by the
+# warm-up. A change of the processor's BUCKETS or of its state variables needs a new number.
+DEDUP_BUCKETS_PLAN = "dedup-buckets/1"
 
 
 def state_plan(config: JobConfig) -> str:
@@ -178,8 +183,10 @@ def state_plan(config: JobConfig) -> str:
     if config.spec.join is not None:
         return JOIN_STATE_PLAN
     source = config.spec.sources[0]
-    if not per_kafka_partition(source) or source.deduplication is None:
+    if source.deduplication is None:
         return ""
+    if not per_kafka_partition(source):
+        return DEDUP_BUCKETS_PLAN
     return f"{PARTITION_DEDUP_PLAN}/window={parse_duration_ms(source.deduplication.window)}ms"
 
 

@@ -10,7 +10,7 @@ import yaml
 
 from glasspipe_job.config import config_from_resource, load_job_config
 from glasspipe_job.join import JOIN_STATE_PLAN
-from glasspipe_job.runner import state_plan
+from glasspipe_job.runner import DEDUP_BUCKETS_PLAN, state_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.unit
@@ -23,9 +23,16 @@ def plan_of(example: str, **dedup: Any) -> str:
     return state_plan(load_job_config(config_from_resource(doc, 0, 1)))
 
 
-def test_the_default_engine_and_a_join_keep_their_plans() -> None:
-    assert plan_of("sms-dedup.yaml") == ""
+def test_a_join_keeps_its_plan() -> None:
     assert plan_of("orders-users-join.yaml") == JOIN_STATE_PLAN
+
+
+def test_the_default_engine_records_its_bucketed_state() -> None:
+    """A checkpoint of the default engine's earlier layout (a timer a key) was recorded as plan "": it is set aside,
+    not resumed with a processor whose state variables differ. The window is not in the plan: the buckets' timers
+    follow whatever window their keys are read with."""
+    assert plan_of("sms-dedup.yaml") == DEDUP_BUCKETS_PLAN != ""
+    assert plan_of("sms-dedup.yaml", window="8h") == DEDUP_BUCKETS_PLAN
 
 
 def test_deduplication_per_kafka_partition_records_its_engine_and_window() -> None:

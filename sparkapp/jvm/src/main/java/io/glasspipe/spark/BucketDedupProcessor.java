@@ -1,0 +1,228 @@
+package io.glasspipe.spark;
+
+import java.util.ArrayList;
+import java.util.Collections;
+import java.util.Comparator;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.streaming.ExpiredTimerInfo;
+import org.apache.spark.sql.streaming.MapState;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.util.LongAccumulator;
+import scala.Tuple2;
+import scala.collection.Iterator;
+import scala.jdk.javaapi.CollectionConverters;
+
+/**
+ * {@link DedupProcessor}'s deduplication (first occurrence wins within the window; see there for the rules),
+ * grouped by a bucket of the key ({@link #BUCKETS} of them, {@link WindowDedup}) instead of by the key, with
+ * one event-time timer a bucket instead of one a key.
+ *
+ * <p>Why: Spark keeps timers in a RocksDB index ordered by time and finds the due ones by scanning it from its
+ * start, where every timer already fired and deleted stays as a tombstone until RocksDB compacts it away. With a
+ * timer a key, once keys expire each micro-batch steps over all keys expired since the last compaction: in
+ * bench/RocksDBStateSim.java at 10 000 events/s, 250 ms batches, a 2 m window, that scan was 58 of the state's
+ * 80 CPU-s, and it dominated the tasks' native time on the pipeline (docs/benchmarks.md). Here a bucket keeps
+ * its keys in a map state (key to first accepted event time and Kafka partition) and one timer, on a grid of a
+ * quarter window at or after its earliest expiry. When the timer fires, the bucket's keys are read, those whose
+ * window the watermark has passed are removed, and the timer is set again for the earliest left. Each key is
+ * read about four times in its life, and each bucket's grid is offset by its number, so the buckets' timers
+ * fire spread over the grid step, not all in one batch.
+ *
+ * <p>A key's state may outlive its window by up to a grid step. That changes no result: a row that reaches the
+ * state is not late, so its event time is at or above the watermark, hence at or past the end of any window the
+ * watermark has passed, and such a row opens a new window whether the old state is still there or not (as in
+ * {@link DedupProcessor}, whose state also lingers until its timer fires after the batch's rows).
+ *
+ * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and offset), so a
+ * replayed micro-batch with the same rows gives the same result.
+ */
+public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row> {
+  private static final long serialVersionUID = 1L;
+
+  /** Buckets of the key space; part of the state's layout (runner.py's DEDUP_BUCKETS_PLAN names it). */
+  public static final int BUCKETS = 1024;
+  /** The timer grid is the window divided by this; a key is read about this many times before it expires. */
+  public static final int GRID_PARTS = 4;
+
+  private final int[] keyIndexes;
+  private final StructType keySchema;
+  private final int eventTimeIndex;
+  private final long windowMs;
+  private final long gridMs;
+  private final boolean emitDropped;
+  private final int passthroughIndex;
+  private final int partitionIndex;
+  private final int offsetIndex;
+  private final LongAccumulator keysInTwoPartitions;
+  private final boolean flagLate;
+  private transient MapState<Row, Tuple2<Long, Integer>> firstSeen;
+
+  public BucketDedupProcessor(int[] keyIndexes, StructType keySchema, int eventTimeIndex, long windowMs,
+      boolean emitDropped, int passthroughIndex, int partitionIndex, int offsetIndex,
+      LongAccumulator keysInTwoPartitions, boolean flagLate) {
+    this.keyIndexes = keyIndexes.clone();
+    this.keySchema = keySchema;
+    this.eventTimeIndex = eventTimeIndex;
+    this.windowMs = windowMs;
+    this.gridMs = Math.max(1L, windowMs / GRID_PARTS);
+    this.emitDropped = emitDropped;
+    this.passthroughIndex = passthroughIndex;
+    this.partitionIndex = partitionIndex;
+    this.offsetIndex = offsetIndex;
+    this.keysInTwoPartitions = keysInTwoPartitions;
+    this.flagLate = flagLate;
+  }
+
+  @Override
+  public void init(OutputMode outputMode, TimeMode timeMode) {
+    TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
+    firstSeen = getHandle().getMapState("firstSeen", Encoders.row(keySchema),
+        Encoders.tuple(Encoders.LONG(), Encoders.INT()), TTLConfig.NONE());
+  }
+
+  private long eventMs(Row row) {
+    return DedupProcessor.eventMillis(row.get(eventTimeIndex));
+  }
+
+  private long offsetOf(Row row) {
+    return offsetIndex >= 0 && !row.isNullAt(offsetIndex) ? row.getLong(offsetIndex) : 0L;
+  }
+
+  private int partitionOf(Row row) {
+    return partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
+  }
+
+  private boolean passesThrough(Row row) {
+    return passthroughIndex >= 0 && !row.isNullAt(passthroughIndex) && row.getBoolean(passthroughIndex);
+  }
+
+  private Row keyOf(Row row) {
+    Object[] values = new Object[keyIndexes.length];
+    for (int i = 0; i < keyIndexes.length; i++) {
+      values[i] = row.get(keyIndexes[i]);
+    }
+    return RowFactory.create(values);
+  }
+
+  /** The bucket's grid point at or after {@code expiry}: grid steps offset by the bucket's own share of one. */
+  private long timerFor(Row bucket, long expiry) {
+    long phase = Math.floorMod((long) bucket.getInt(0), (long) BUCKETS) * gridMs / BUCKETS;
+    return phase + Math.floorDiv(expiry - phase + gridMs - 1, gridMs) * gridMs;
+  }
+
+  @Override
+  public Iterator<Row> handleInputRows(Row bucket, Iterator<Row> rows, TimerValues timerValues) {
+    List<Row> out = new ArrayList<>();
+    Map<Row, List<Row>> byKey = new LinkedHashMap<>();
+    long watermark = flagLate ? timerValues.getCurrentWatermarkInMs() : Long.MIN_VALUE;
+    while (rows.hasNext()) {
+      Row row = rows.next();
+      long t = eventMs(row);
+      if (passesThrough(row)) {
+        out.add(emitDropped ? DedupProcessor.withFlags(row, false, flagLate, false) : row);
+      } else if (flagLate && t != Long.MIN_VALUE && t < watermark) {
+        out.add(DedupProcessor.withFlags(row, false, true, true));
+      } else {
+        byKey.computeIfAbsent(keyOf(row), k -> new ArrayList<>(1)).add(row);
+      }
+    }
+    long earliestNew = Long.MAX_VALUE;
+    for (Map.Entry<Row, List<Row>> e : byKey.entrySet()) {
+      long expiry = deduplicateKey(e.getKey(), e.getValue(), out);
+      earliestNew = Math.min(earliestNew, expiry);
+    }
+    if (earliestNew != Long.MAX_VALUE) {
+      long wanted = timerFor(bucket, earliestNew);
+      // The bucket's one timer, from Spark's timers by key (a short prefix scan): a value state of its own
+      // would be counted as a state row, which should be the live keys.
+      scala.collection.Iterator<Object> timers = getHandle().listTimers();
+      Long current = timers.hasNext() ? (Long) timers.next() : null;
+      if (current == null || wanted < current) {
+        if (current != null) {
+          getHandle().deleteTimer(current);
+        }
+        getHandle().registerTimer(wanted);
+      }
+    }
+    return CollectionConverters.asScala(out.iterator());
+  }
+
+  /** One key's rows of the batch against its state: appends its output rows; the key's new expiry, if its first moved. */
+  private long deduplicateKey(Row key, List<Row> batch, List<Row> out) {
+    if (batch.size() > 1) {
+      // Event time first; ties by Kafka partition and offset, so a replayed batch (whose rows may
+      // arrive in another order after the shuffle) keeps exactly the same rows.
+      batch.sort(Comparator.comparingLong(this::eventMs)
+          .thenComparingInt(this::partitionOf)
+          .thenComparingLong(this::offsetOf));
+    }
+    Tuple2<Long, Integer> stored = firstSeen.getValue(key); // null when absent: one RocksDB read
+    boolean exists = stored != null;
+    long first = exists ? stored._1() : Long.MIN_VALUE;
+    int firstPartition = exists ? stored._2() : -1;
+    long oldFirst = first;
+    for (Row row : batch) {
+      long t = eventMs(row);
+      boolean duplicate = exists && t != Long.MIN_VALUE && t > first - windowMs && t < first + windowMs;
+      int partition = partitionOf(row);
+      if (duplicate && partition != firstPartition && keysInTwoPartitions != null) {
+        keysInTwoPartitions.add(1L);
+      }
+      // A new window opens only forward in time (DedupProcessor).
+      if (!duplicate && t != Long.MIN_VALUE && (!exists || t >= first + windowMs)) {
+        first = t;
+        firstPartition = partition;
+        exists = true;
+      }
+      if (emitDropped) {
+        out.add(DedupProcessor.withFlags(row, duplicate, flagLate, false));
+      } else if (!duplicate) {
+        out.add(row);
+      }
+    }
+    if (exists && (stored == null || first != oldFirst)) {
+      firstSeen.updateValue(key, new Tuple2<>(first, firstPartition));
+      return first + windowMs;
+    }
+    return Long.MAX_VALUE;
+  }
+
+  /**
+   * The bucket's timer: its keys whose window the watermark has passed go; the timer is set again for the
+   * earliest left (Spark deletes the one that fired).
+   */
+  @Override
+  public Iterator<Row> handleExpiredTimer(Row bucket, TimerValues timerValues, ExpiredTimerInfo expiredTimerInfo) {
+    long watermark = timerValues.getCurrentWatermarkInMs();
+    long earliest = Long.MAX_VALUE;
+    List<Row> gone = new ArrayList<>();
+    scala.collection.Iterator<Tuple2<Row, Tuple2<Long, Integer>>> it = firstSeen.iterator();
+    while (it.hasNext()) {
+      Tuple2<Row, Tuple2<Long, Integer>> kv = it.next();
+      long expiry = kv._2()._1() + windowMs;
+      if (expiry <= watermark) {
+        gone.add(kv._1());
+      } else {
+        earliest = Math.min(earliest, expiry);
+      }
+    }
+    for (Row key : gone) {
+      firstSeen.removeKey(key);
+    }
+    if (earliest != Long.MAX_VALUE) {
+      getHandle().registerTimer(timerFor(bucket, earliest));
+    }
+    return CollectionConverters.asScala(Collections.<Row>emptyIterator());
+  }
+}
