@@ -2,7 +2,6 @@ package io.glasspipe.spark;
 
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.Comparator;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -57,14 +56,8 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
 
   private final int[] keyIndexes;
   private final StructType keySchema;
-  private final int eventTimeIndex;
-  private final long windowMs;
+  private final FirstOccurrence rule;
   private final long gridMs;
-  private final boolean emitDropped;
-  private final int passthroughIndex;
-  private final int partitionIndex;
-  private final int offsetIndex;
-  private final LongAccumulator keysInTwoPartitions;
   private final boolean flagLate;
   private transient MapState<Row, Tuple2<Long, Integer>> firstSeen;
 
@@ -73,14 +66,9 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
       LongAccumulator keysInTwoPartitions, boolean flagLate) {
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
-    this.eventTimeIndex = eventTimeIndex;
-    this.windowMs = windowMs;
+    this.rule = new FirstOccurrence(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex,
+        offsetIndex, keysInTwoPartitions, flagLate);
     this.gridMs = Math.max(1L, windowMs / GRID_PARTS);
-    this.emitDropped = emitDropped;
-    this.passthroughIndex = passthroughIndex;
-    this.partitionIndex = partitionIndex;
-    this.offsetIndex = offsetIndex;
-    this.keysInTwoPartitions = keysInTwoPartitions;
     this.flagLate = flagLate;
   }
 
@@ -89,22 +77,6 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
     TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
     firstSeen = getHandle().getMapState("firstSeen", Encoders.row(keySchema),
         Encoders.tuple(Encoders.LONG(), Encoders.INT()), TTLConfig.NONE());
-  }
-
-  private long eventMs(Row row) {
-    return DedupProcessor.eventMillis(row.get(eventTimeIndex));
-  }
-
-  private long offsetOf(Row row) {
-    return offsetIndex >= 0 && !row.isNullAt(offsetIndex) ? row.getLong(offsetIndex) : 0L;
-  }
-
-  private int partitionOf(Row row) {
-    return partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
-  }
-
-  private boolean passesThrough(Row row) {
-    return passthroughIndex >= 0 && !row.isNullAt(passthroughIndex) && row.getBoolean(passthroughIndex);
   }
 
   private Row keyOf(Row row) {
@@ -128,19 +100,22 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
     long watermark = flagLate ? timerValues.getCurrentWatermarkInMs() : Long.MIN_VALUE;
     while (rows.hasNext()) {
       Row row = rows.next();
-      long t = eventMs(row);
-      if (passesThrough(row)) {
-        out.add(emitDropped ? DedupProcessor.withFlags(row, false, flagLate, false) : row);
+      long t = rule.eventMs(row);
+      if (rule.passesThrough(row)) {
+        out.add(rule.passed(row));
       } else if (flagLate && t != Long.MIN_VALUE && t < watermark) {
-        out.add(DedupProcessor.withFlags(row, false, true, true));
+        out.add(rule.late(row));
       } else {
         byKey.computeIfAbsent(keyOf(row), k -> new ArrayList<>(1)).add(row);
       }
     }
     long earliestNew = Long.MAX_VALUE;
     for (Map.Entry<Row, List<Row>> e : byKey.entrySet()) {
-      long expiry = deduplicateKey(e.getKey(), e.getValue(), out);
-      earliestNew = Math.min(earliestNew, expiry);
+      Tuple2<Long, Integer> moved = rule.apply(e.getValue(), firstSeen.getValue(e.getKey()), out);
+      if (moved != null) {
+        firstSeen.updateValue(e.getKey(), moved);
+        earliestNew = Math.min(earliestNew, moved._1() + rule.windowMs());
+      }
     }
     if (earliestNew != Long.MAX_VALUE) {
       long wanted = timerFor(bucket, earliestNew);
@@ -158,46 +133,6 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
     return CollectionConverters.asScala(out.iterator());
   }
 
-  /** One key's rows of the batch against its state: appends its output rows; the key's new expiry, if its first moved. */
-  private long deduplicateKey(Row key, List<Row> batch, List<Row> out) {
-    if (batch.size() > 1) {
-      // Event time first; ties by Kafka partition and offset, so a replayed batch (whose rows may
-      // arrive in another order after the shuffle) keeps exactly the same rows.
-      batch.sort(Comparator.comparingLong(this::eventMs)
-          .thenComparingInt(this::partitionOf)
-          .thenComparingLong(this::offsetOf));
-    }
-    Tuple2<Long, Integer> stored = firstSeen.getValue(key); // null when absent: one RocksDB read
-    boolean exists = stored != null;
-    long first = exists ? stored._1() : Long.MIN_VALUE;
-    int firstPartition = exists ? stored._2() : -1;
-    long oldFirst = first;
-    for (Row row : batch) {
-      long t = eventMs(row);
-      boolean duplicate = exists && t != Long.MIN_VALUE && t > first - windowMs && t < first + windowMs;
-      int partition = partitionOf(row);
-      if (duplicate && partition != firstPartition && keysInTwoPartitions != null) {
-        keysInTwoPartitions.add(1L);
-      }
-      // A new window opens only forward in time (DedupProcessor).
-      if (!duplicate && t != Long.MIN_VALUE && (!exists || t >= first + windowMs)) {
-        first = t;
-        firstPartition = partition;
-        exists = true;
-      }
-      if (emitDropped) {
-        out.add(DedupProcessor.withFlags(row, duplicate, flagLate, false));
-      } else if (!duplicate) {
-        out.add(row);
-      }
-    }
-    if (exists && (stored == null || first != oldFirst)) {
-      firstSeen.updateValue(key, new Tuple2<>(first, firstPartition));
-      return first + windowMs;
-    }
-    return Long.MAX_VALUE;
-  }
-
   /**
    * The bucket's timer: its keys whose window the watermark has passed go; the timer is set again for the
    * earliest left (Spark deletes the one that fired).
@@ -210,7 +145,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
     scala.collection.Iterator<Tuple2<Row, Tuple2<Long, Integer>>> it = firstSeen.iterator();
     while (it.hasNext()) {
       Tuple2<Row, Tuple2<Long, Integer>> kv = it.next();
-      long expiry = kv._2()._1() + windowMs;
+      long expiry = kv._2()._1() + rule.windowMs();
       if (expiry <= watermark) {
         gone.add(kv._1());
       } else {

@@ -4,7 +4,6 @@ import java.sql.Timestamp;
 import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Collections;
-import java.util.Comparator;
 import java.util.List;
 
 import org.apache.spark.sql.Encoders;
@@ -50,13 +49,7 @@ import scala.jdk.javaapi.CollectionConverters;
 public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
 
-  private final int eventTimeIndex;
-  private final long windowMs;
-  private final boolean emitDropped;
-  private final int passthroughIndex;
-  private final int partitionIndex;
-  private final int offsetIndex;
-  private final LongAccumulator keysInTwoPartitions;
+  private final FirstOccurrence rule;
   private final boolean flagLate;
   private final boolean lateAtWatermark;
   private transient ValueState<Tuple2<Long, Integer>> firstSeen;
@@ -70,27 +63,10 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   public DedupProcessor(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex,
       int partitionIndex, int offsetIndex, LongAccumulator keysInTwoPartitions, boolean flagLate,
       boolean lateAtWatermark) {
-    this.eventTimeIndex = eventTimeIndex;
-    this.windowMs = windowMs;
-    this.emitDropped = emitDropped;
-    this.passthroughIndex = passthroughIndex;
-    this.partitionIndex = partitionIndex;
-    this.offsetIndex = offsetIndex;
-    this.keysInTwoPartitions = keysInTwoPartitions;
+    this.rule = new FirstOccurrence(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex,
+        offsetIndex, keysInTwoPartitions, flagLate);
     this.flagLate = flagLate;
     this.lateAtWatermark = lateAtWatermark;
-  }
-
-  private long offsetOf(Row row) {
-    return offsetIndex >= 0 && !row.isNullAt(offsetIndex) ? row.getLong(offsetIndex) : 0L;
-  }
-
-  private int partitionOf(Row row) {
-    return partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
-  }
-
-  private boolean passesThrough(Row row) {
-    return passthroughIndex >= 0 && !row.isNullAt(passthroughIndex) && row.getBoolean(passthroughIndex);
   }
 
   @Override
@@ -98,10 +74,6 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
     firstSeen = getHandle().getValueState(
         "firstSeen", Encoders.tuple(Encoders.LONG(), Encoders.INT()), TTLConfig.NONE());
-  }
-
-  private long eventMs(Row row) {
-    return eventMillis(row.get(eventTimeIndex));
   }
 
   /**
@@ -119,10 +91,6 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     return Long.MIN_VALUE;
   }
 
-  private Row flagged(Row row, boolean duplicate, boolean late) {
-    return withFlags(row, duplicate, flagLate, late);
-  }
-
   /** The row plus its duplicate flag (and, with {@code withLate}, its late flag): this operator's output row. */
   public static Row withFlags(Row row, boolean duplicate, boolean withLate, boolean late) {
     Object[] values = new Object[row.length() + (withLate ? 2 : 1)];
@@ -137,7 +105,7 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
   }
 
   private boolean isLate(Row row, long watermark) {
-    long t = eventMs(row);
+    long t = rule.eventMs(row);
     if (!flagLate || t == Long.MIN_VALUE) {
       return false;
     }
@@ -151,10 +119,10 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     long watermark = flagLate ? timerValues.getCurrentWatermarkInMs() : Long.MIN_VALUE;
     while (rows.hasNext()) {
       Row row = rows.next();
-      if (passesThrough(row)) {
-        out.add(emitDropped ? flagged(row, false, false) : row);
+      if (rule.passesThrough(row)) {
+        out.add(rule.passed(row));
       } else if (isLate(row, watermark)) {
-        out.add(flagged(row, false, true));
+        out.add(rule.late(row));
       } else {
         batch.add(row);
       }
@@ -162,45 +130,15 @@ public final class DedupProcessor extends StatefulProcessor<Row, Row, Row> {
     if (batch.isEmpty()) {
       return CollectionConverters.asScala(out.iterator());
     }
-    if (batch.size() > 1) {
-      // Event time first; ties by Kafka partition and offset, so a replayed batch (whose rows may
-      // arrive in another order after the shuffle) keeps exactly the same rows.
-      batch.sort(Comparator.comparingLong(this::eventMs)
-          .thenComparingInt(this::partitionOf)
-          .thenComparingLong(this::offsetOf));
-    }
     Tuple2<Long, Integer> stored = firstSeen.get(); // null when absent: one RocksDB read
-    boolean exists = stored != null;
-    long first = exists ? stored._1() : Long.MIN_VALUE;
-    int firstPartition = exists ? stored._2() : -1;
-    long oldFirst = first;
-    boolean hadState = exists;
-    for (Row row : batch) {
-      long t = eventMs(row);
-      boolean duplicate = exists && t != Long.MIN_VALUE && t > first - windowMs && t < first + windowMs;
-      int partition = partitionOf(row);
-      if (exists && duplicate && partition != firstPartition && keysInTwoPartitions != null) {
-        keysInTwoPartitions.add(1L);
+    Tuple2<Long, Integer> moved = rule.apply(batch, stored, out);
+    if (moved != null) {
+      // A key's only timer is at its current first + window (handleExpiredTimer relies on it).
+      if (stored != null) {
+        getHandle().deleteTimer(stored._1() + rule.windowMs());
       }
-      // A new window opens only forward in time: an accepted straggler from more than a window
-      // before the first occurrence leaves the (later) first occurrence and its timer in place.
-      if (!duplicate && t != Long.MIN_VALUE && (!exists || t >= first + windowMs)) {
-        first = t;
-        firstPartition = partition;
-        exists = true;
-      }
-      if (emitDropped) {
-        out.add(flagged(row, duplicate, false));
-      } else if (!duplicate) {
-        out.add(row);
-      }
-    }
-    if (exists && (!hadState || first != oldFirst)) {
-      if (hadState) {
-        getHandle().deleteTimer(oldFirst + windowMs);
-      }
-      firstSeen.update(new Tuple2<>(first, firstPartition));
-      getHandle().registerTimer(first + windowMs);
+      firstSeen.update(moved);
+      getHandle().registerTimer(moved._1() + rule.windowMs());
     }
     return CollectionConverters.asScala(out.iterator());
   }
