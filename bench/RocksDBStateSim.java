@@ -182,6 +182,24 @@ public final class RocksDBStateSim {
     }
   }
 
+  /**
+   * The timers by time below {@code before}, read from the start of their index as Spark's getExpiredTimers does:
+   * over the tombstone of every timer deleted since RocksDB last compacted.
+   */
+  static List<byte[]> dueTimers(RocksDB db, long before) {
+    List<byte[]> due = new ArrayList<>();
+    try (RocksIterator it = db.newIterator()) {
+      for (it.seek(new byte[] {0, (byte) TIMER_BY_TIME}); it.isValid(); it.next()) {
+        byte[] k = it.key();
+        if (k[0] != 0 || k[1] != TIMER_BY_TIME || (ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE) >= before) {
+          break;
+        }
+        due.add(k);
+      }
+    }
+    return due;
+  }
+
   /** A grouping key of one int (a bucket) as Spark encodes it: an UnsafeRow's null bits and its 8-byte slot. */
   static byte[] bucketRow(int bucket) {
     return ByteBuffer.allocate(16).putLong(0L).putLong(bucket).array();
@@ -239,17 +257,7 @@ public final class RocksDBStateSim {
         long t0 = bean.getCurrentThreadCpuTime();
         long now = sec * 1000L;
         long watermark = now;
-        List<byte[]> due = new ArrayList<>();
-        try (RocksIterator it = db.newIterator()) {
-          for (it.seek(new byte[] {0, (byte) TIMER_BY_TIME}); it.isValid(); it.next()) {
-            byte[] k = it.key();
-            if (k[0] != 0 || k[1] != TIMER_BY_TIME
-                || (ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE) > watermark) {
-              break;
-            }
-            due.add(k);
-          }
-        }
+        List<byte[]> due = dueTimers(db, watermark + 1);
         scanNs += bean.getCurrentThreadCpuTime() - t0;
         for (byte[] k : due) {
           fired++;
@@ -397,17 +405,7 @@ public final class RocksDBStateSim {
         long t0 = bean.getCurrentThreadCpuTime();
         long now = sec * 1000L;
         long watermark = now; // the timers set a window ago are due
-        List<byte[]> due = new ArrayList<>();
-        try (RocksIterator it = db.newIterator()) {
-          for (it.seek(new byte[] {0, (byte) TIMER_BY_TIME}); it.isValid(); it.next()) {
-            byte[] k = it.key();
-            if (k[0] != 0 || k[1] != TIMER_BY_TIME
-                || (ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE) >= watermark) {
-              break;
-            }
-            due.add(k);
-          }
-        }
+        List<byte[]> due = dueTimers(db, watermark);
         scanNs += bean.getCurrentThreadCpuTime() - t0;
         for (byte[] k : due) {
           long ts = ByteBuffer.wrap(k, 2, 8).getLong() ^ Long.MIN_VALUE;
