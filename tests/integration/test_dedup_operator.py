@@ -221,3 +221,37 @@ def test_state_survives_restart_and_replay_is_identical(stream: Stream) -> None:
     stream.step([("a", t("00:20"), "a3"), ("b", t("00:30"), "b2"), ("d", t("00:31"), "d1")])
     last_data = max(p["batchId"] for p in stream.q.recentProgress if p["numInputRows"] > 0)
     assert dict(stream.calls)[last_data] == [("a", "a3", True), ("b", "b2", True), ("d", "d1", False)]
+
+
+def test_a_key_of_several_columns_of_other_types(spark_dedup: Any, tmp_path: Path) -> None:
+    """The state's map is keyed by the key columns' values (BucketDedupProcessor): a key of a long and a timestamp
+    matches only on both, and a second batch still finds the first batch's keys."""
+    src = tmp_path / "in"
+    src.mkdir()
+    spark_dedup.conf.set(STATE_ROW_COUNT_CONF, "true")
+    ts = "2024-01-01T00:00:00Z"
+    batches = [
+        [(1, ts, t("00:00"), "x1"), (1, ts, t("00:10"), "x2"), (1, t("00:01"), t("00:05"), "y1"),
+         (2, ts, t("00:20"), "z1")],
+        [(1, ts, t("00:30"), "x3"), (2, t("00:01"), t("00:31"), "w1"), (3, ts, t("00:32"), "v1")],
+    ]
+    calls: dict[int, list[tuple[str, bool]]] = {}
+    df = (spark_dedup.readStream.schema("n long, at timestamp, ts timestamp, payload string")
+          .option("maxFilesPerTrigger", 1).json(str(src)).withWatermark("ts", LATENESS))
+    out = deduplicate_within_window(df, ["n", "at"], "ts", WINDOW_S, flag_col="dup")
+
+    def collect(batch: Any, batch_id: int) -> None:
+        calls[batch_id] = sorted((r.payload, r.dup) for r in batch.collect())
+
+    q = out.writeStream.foreachBatch(collect).option("checkpointLocation", str(tmp_path / "ckpt")).start()
+    try:
+        for i, rows in enumerate(batches):
+            (src / f"f{i}.json").write_text(
+                "".join(json.dumps({"n": n, "at": at, "ts": e, "payload": p}) + "\n" for n, at, e, p in rows))
+            q.processAllAvailable()
+        emitted = [row for b in sorted(calls) for row in calls[b]]
+        assert emitted == [("x1", False), ("x2", True), ("y1", False), ("z1", False),
+                           ("v1", False), ("w1", False), ("x3", True)]
+        assert int(q.recentProgress[-1]["stateOperators"][0]["numRowsTotal"]) == 5  # the keys of x1 y1 z1 v1 w1
+    finally:
+        q.stop()
