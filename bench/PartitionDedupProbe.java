@@ -17,7 +17,7 @@ import java.util.TreeMap;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 
-import io.glasspipe.spark.DedupProcessor;
+import io.glasspipe.spark.FirstOccurrence;
 import org.apache.spark.api.java.function.MapPartitionsFunction;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Encoders;
@@ -120,7 +120,7 @@ public final class PartitionDedupProbe {
             Row row = rows.next();
             boolean duplicate = false;
             if (passthroughIndex < 0 || row.isNullAt(passthroughIndex) || !row.getBoolean(passthroughIndex)) {
-              long t = DedupProcessor.eventMillis(row.get(eventTimeIndex));
+              long t = FirstOccurrence.eventMillis(row.get(eventTimeIndex));
               if (t != Long.MIN_VALUE) {
                 if (state == null) {
                   state = STATES.computeIfAbsent(run + "-" + row.getInt(partitionIndex),
@@ -130,7 +130,7 @@ public final class PartitionDedupProbe {
               }
             }
             if (emitDropped) {
-              return DedupProcessor.withFlags(row, duplicate, lateColumn, false);
+              return FirstOccurrence.withFlags(row, duplicate, lateColumn, false);
             }
             if (!duplicate) {
               return row;

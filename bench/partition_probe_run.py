@@ -34,7 +34,7 @@ ENTRY = "io.glasspipe.bench.PartitionDedupProbe"
 
 def probe_jar(ops_jar: str) -> Path:
     """The probe compiled against pyspark's jars and the job's operators jar (it reads event times and flags rows
-    with ``DedupProcessor``'s code), into $GLASSPIPE_CACHE/partition-probe/<hash>/probe.jar: once per source and
+    with ``FirstOccurrence``'s code), into $GLASSPIPE_CACHE/partition-probe/<hash>/probe.jar: once per source and
     operators jar (whose path holds the hash of its sources)."""
     digest = hashlib.sha256(PROBE.read_bytes() + pyspark.__version__.encode() + ops_jar.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("GLASSPIPE_CACHE", Path.home() / ".cache" / "glasspipe"))

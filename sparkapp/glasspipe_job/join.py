@@ -34,7 +34,8 @@ The plan, per micro-batch (one query, both topics in one offset log):
 - A checkpoint of an earlier plan cannot resume: ``JOIN_STATE_PLAN`` is recorded in the hand-over
   record and runner.prepare_handover starts a new checkpoint instead (docs/operations.md, Upgrading
   glasspipe). Plan ``""`` was Spark's join; ``/1`` ran a late-flag operator on every side, so its
-  operators' state stores are numbered differently.
+  operators' state stores are numbered differently; a ``/2`` with a deduplicating side kept a value and a
+  timer a key there (``JOIN_DEDUP_BUCKETS_PLAN`` since).
 - A dead or late row's dead letter has its own Kafka key, value and coordinates; a joined row has none.
 """
 
@@ -70,7 +71,16 @@ from glasspipe_job.transform import (
 # Recorded in each checkpoint's hand-over record (handover.Handover.plan): a checkpoint of an earlier join
 # plan (Spark's stream-stream join, plan "") is set aside and a new one started, as after a rescale.
 JOIN_STATE_PLAN = "glasspipe-temporal-join/2"
+# A join with a deduplicating side: that side's state is a bucket of keys with a timer a bucket
+# (io.glasspipe.spark.BucketDedupProcessor), no longer a value and a timer a key as recorded under JOIN_STATE_PLAN.
+JOIN_DEDUP_BUCKETS_PLAN = f"{JOIN_STATE_PLAN}+dedup-buckets/1"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
+
+
+def join_state_plan(config: JobConfig) -> str:
+    """The join's state plan (runner.state_plan): its dedup operators' layout is part of it."""
+    deduplicates = any(s.deduplication is not None for s in join_sides(config))
+    return JOIN_DEDUP_BUCKETS_PLAN if deduplicates else JOIN_STATE_PLAN
 
 
 def join_sides(config: JobConfig) -> tuple[models.Source, models.Source]:

@@ -3,9 +3,10 @@
 Why JVM-side: event-time dedup and the temporal join need per-key state. Python ``transformWithState``
 runs a state call per key through the Python worker (~1-3k rows/s here), while
 ``dropDuplicatesWithinWatermark`` and Spark's stream-stream join (state format v2) scan their whole
-state every micro-batch to evict. The Java ``StatefulProcessor``s (``io.glasspipe.spark.DedupProcessor``,
-``io.glasspipe.spark.JoinProcessor``) keep one RocksDB value per key and evict with event-time timers
-(an expiry-ordered index), so a micro-batch costs its own rows plus the expired keys.
+state every micro-batch to evict. The Java ``StatefulProcessor``s evict with event-time timers instead:
+``io.glasspipe.spark.BucketDedupProcessor`` keeps a map of keys and one timer per bucket of keys,
+``io.glasspipe.spark.JoinProcessor`` one value and one timer per key, so a micro-batch costs its own rows
+plus the expired keys.
 
 The jar is built by ``dev/install/jvm-ops.sh`` into
 ``$GLASSPIPE_CACHE/jvm-ops/<hash>/glasspipe-spark-ops.jar`` and must be on ``spark.jars`` before

@@ -28,7 +28,7 @@ from glasspipe_job.clickhouse.mutations import MutationStuck
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
-from glasspipe_job.join import JOIN_STATE_PLAN, build_join_stream, join_sides
+from glasspipe_job.join import build_join_stream, join_sides, join_state_plan
 from glasspipe_job.jvm import partition_dedup_counts
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
@@ -181,7 +181,7 @@ DEDUP_BUCKETS_PLAN = "dedup-buckets/1"
 def state_plan(config: JobConfig) -> str:
     """The shape of the query's state, recorded with each checkpoint (handover.Handover.plan)."""
     if config.spec.join is not None:
-        return JOIN_STATE_PLAN
+        return join_state_plan(config)
     source = config.spec.sources[0]
     if source.deduplication is None:
         return ""

@@ -1,4 +1,4 @@
-"""Event-time dedup operator (io.glasspipe.spark.DedupProcessor) on real local Spark + RocksDB state.
+"""Event-time dedup operator (io.glasspipe.spark.BucketDedupProcessor) on real local Spark + RocksDB state.
 
 The source is a folder of JSON files read one file per micro-batch; each test step writes one file
 and waits with processAllAvailable(), so each step is exactly one data micro-batch (plus Spark's

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from glasspipe_job.config import config_from_resource, load_job_config
-from glasspipe_job.join import JOIN_STATE_PLAN
+from glasspipe_job.join import JOIN_DEDUP_BUCKETS_PLAN, JOIN_STATE_PLAN
 from glasspipe_job.runner import DEDUP_BUCKETS_PLAN, state_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,6 +25,11 @@ def plan_of(example: str, **dedup: Any) -> str:
 
 def test_a_join_keeps_its_plan() -> None:
     assert plan_of("orders-users-join.yaml") == JOIN_STATE_PLAN
+
+
+def test_a_join_with_a_deduplicating_side_records_its_bucketed_state() -> None:
+    """Its sides' dedup state was a value and a timer a key under JOIN_STATE_PLAN: such a checkpoint is set aside."""
+    assert plan_of("dedup-then-join.yaml") == JOIN_DEDUP_BUCKETS_PLAN != JOIN_STATE_PLAN
 
 
 def test_the_default_engine_records_its_bucketed_state() -> None:

@@ -23,7 +23,7 @@ import scala.collection.Iterator;
 import scala.jdk.javaapi.CollectionConverters;
 
 /**
- * {@link DedupProcessor}'s deduplication (first occurrence wins within the window; see there for the rules),
+ * Deduplication ({@link FirstOccurrence}: first occurrence wins within the window) in {@code transformWithState},
  * grouped by a bucket of the key ({@link #BUCKETS} of them, {@link WindowDedup}) instead of by the key, with
  * one event-time timer a bucket instead of one a key.
  *
@@ -40,8 +40,7 @@ import scala.jdk.javaapi.CollectionConverters;
  *
  * <p>A key's state may outlive its window by up to a grid step. That changes no result: a row that reaches the
  * state is not late, so its event time is at or above the watermark, hence at or past the end of any window the
- * watermark has passed, and such a row opens a new window whether the old state is still there or not (as in
- * {@link DedupProcessor}, whose state also lingers until its timer fires after the batch's rows).
+ * watermark has passed, and such a row opens a new window whether the old state is still there or not.
  *
  * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and offset), so a
  * replayed micro-batch with the same rows gives the same result.
@@ -58,18 +57,16 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
   private final StructType keySchema;
   private final FirstOccurrence rule;
   private final long gridMs;
-  private final boolean flagLate;
   private transient MapState<Row, Tuple2<Long, Integer>> firstSeen;
 
   public BucketDedupProcessor(int[] keyIndexes, StructType keySchema, int eventTimeIndex, long windowMs,
       boolean emitDropped, int passthroughIndex, int partitionIndex, int offsetIndex,
-      LongAccumulator keysInTwoPartitions, boolean flagLate) {
+      LongAccumulator keysInTwoPartitions, boolean flagLate, boolean lateAtWatermark) {
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
     this.rule = new FirstOccurrence(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex,
-        offsetIndex, keysInTwoPartitions, flagLate);
+        offsetIndex, keysInTwoPartitions, flagLate, lateAtWatermark);
     this.gridMs = Math.max(1L, windowMs / GRID_PARTS);
-    this.flagLate = flagLate;
   }
 
   @Override
@@ -97,13 +94,12 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
   public Iterator<Row> handleInputRows(Row bucket, Iterator<Row> rows, TimerValues timerValues) {
     List<Row> out = new ArrayList<>();
     Map<Row, List<Row>> byKey = new LinkedHashMap<>();
-    long watermark = flagLate ? timerValues.getCurrentWatermarkInMs() : Long.MIN_VALUE;
+    long watermark = timerValues.getCurrentWatermarkInMs();
     while (rows.hasNext()) {
       Row row = rows.next();
-      long t = rule.eventMs(row);
       if (rule.passesThrough(row)) {
         out.add(rule.passed(row));
-      } else if (flagLate && t != Long.MIN_VALUE && t < watermark) {
+      } else if (rule.isLate(row, watermark)) {
         out.add(rule.late(row));
       } else {
         byKey.computeIfAbsent(keyOf(row), k -> new ArrayList<>(1)).add(row);

@@ -1,19 +1,41 @@
 package io.glasspipe.spark;
 
 import java.io.Serializable;
+import java.sql.Timestamp;
+import java.time.Instant;
 import java.util.Comparator;
 import java.util.List;
 
 import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
 import org.apache.spark.util.LongAccumulator;
 import scala.Tuple2;
 
 /**
- * The deduplication rule both processors apply ({@link DedupProcessor}, a key per group; {@link
- * BucketDedupProcessor}, a bucket of keys per group), to one key's rows of a micro-batch against the key's first
- * occurrence, and the row columns it reads. See {@link DedupProcessor} for the rule.
+ * The deduplication rule, applied to one key's rows of a micro-batch against the key's first occurrence, and the
+ * row columns it reads ({@link BucketDedupProcessor} holds the state).
+ *
+ * <p>First occurrence of a key wins; a later row of that key is a duplicate when its event time lies within a
+ * window of the first one (first - window &lt; t &lt; first + window). Once the window has passed, the next row
+ * of the key is accepted and opens a new window. A row more than a window <em>earlier</em> than the first one
+ * (possible when the allowed lateness exceeds the window) is not a duplicate either: it is accepted, and the state
+ * keeps the later first occurrence. A key's state may go once the watermark passes first + window: a row arriving
+ * after that has an event time at or above the watermark (older rows are late), so it lies outside the old
+ * window and accepting it is correct.
+ *
+ * <p>Late rows: with late flags the caller has kept Spark from dropping rows below the watermark ({@link
+ * WindowDedup}); they are emitted with the late flag set, without reading or changing any state, so that they
+ * reach the dead-letter topic. Before a join a row is late at the watermark too, as the join operator counts it
+ * ({@code t <= watermark}).
+ *
+ * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and offset), so a
+ * replayed micro-batch with the same rows gives the same result.
+ *
+ * <p>The state also keeps the Kafka partition of the first occurrence: a key seen again in another partition
+ * within its window is counted in {@code keysInTwoPartitions}, because deduplication is only exact when the topic
+ * is partitioned by the key (each partition is owned by one replica).
  */
-final class FirstOccurrence implements Serializable {
+public final class FirstOccurrence implements Serializable {
   private static final long serialVersionUID = 1L;
 
   private final int eventTimeIndex;
@@ -24,10 +46,14 @@ final class FirstOccurrence implements Serializable {
   private final int offsetIndex;
   private final LongAccumulator keysInTwoPartitions;
   private final boolean withLate;
+  private final boolean lateAtWatermark;
 
-  /** @param withLate the output rows carry a late flag after the duplicate flag */
+  /**
+   * @param withLate the output rows carry a late flag after the duplicate flag
+   * @param lateAtWatermark a row at the watermark is late too (before a join, which counts it so)
+   */
   FirstOccurrence(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex, int partitionIndex,
-      int offsetIndex, LongAccumulator keysInTwoPartitions, boolean withLate) {
+      int offsetIndex, LongAccumulator keysInTwoPartitions, boolean withLate, boolean lateAtWatermark) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
@@ -36,6 +62,35 @@ final class FirstOccurrence implements Serializable {
     this.offsetIndex = offsetIndex;
     this.keysInTwoPartitions = keysInTwoPartitions;
     this.withLate = withLate;
+    this.lateAtWatermark = lateAtWatermark;
+  }
+
+  /**
+   * A TIMESTAMP value (a {@link Timestamp} or an {@link Instant}) in epoch milliseconds; {@code Long.MIN_VALUE}
+   * for NULL, which cannot be placed in any window and so counts as its own occurrence. Public for
+   * bench/PartitionDedupProbe.java, which reads event times as this rule does.
+   */
+  public static long eventMillis(Object v) {
+    if (v instanceof Timestamp) {
+      return ((Timestamp) v).getTime();
+    }
+    if (v instanceof Instant) {
+      return ((Instant) v).toEpochMilli();
+    }
+    return Long.MIN_VALUE;
+  }
+
+  /** The row plus its duplicate flag (and, with {@code withLate}, its late flag): the output row. */
+  public static Row withFlags(Row row, boolean duplicate, boolean withLate, boolean late) {
+    Object[] values = new Object[row.length() + (withLate ? 2 : 1)];
+    for (int i = 0; i < row.length(); i++) {
+      values[i] = row.get(i);
+    }
+    values[row.length()] = duplicate;
+    if (withLate) {
+      values[row.length() + 1] = late;
+    }
+    return RowFactory.create(values);
   }
 
   long windowMs() {
@@ -43,7 +98,7 @@ final class FirstOccurrence implements Serializable {
   }
 
   long eventMs(Row row) {
-    return DedupProcessor.eventMillis(row.get(eventTimeIndex));
+    return eventMillis(row.get(eventTimeIndex));
   }
 
   private long offsetOf(Row row) {
@@ -54,6 +109,16 @@ final class FirstOccurrence implements Serializable {
     return partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
   }
 
+  /**
+   * With late flags, a row below the watermark (or at it, before a join): Spark would have dropped it had the
+   * caller not kept it from doing so ({@link WindowDedup}), so it goes to the dead-letter topic. Without late
+   * flags, Spark has already dropped such rows.
+   */
+  boolean isLate(Row row, long watermarkMs) {
+    long t = eventMs(row);
+    return withLate && t != Long.MIN_VALUE && (lateAtWatermark ? t <= watermarkMs : t < watermarkMs);
+  }
+
   /** A row that bypasses the state (e.g. a record bound for the dead-letter topic). */
   boolean passesThrough(Row row) {
     return passthroughIndex >= 0 && !row.isNullAt(passthroughIndex) && row.getBoolean(passthroughIndex);
@@ -61,12 +126,12 @@ final class FirstOccurrence implements Serializable {
 
   /** A passing-through row as it is emitted: kept, not late. */
   Row passed(Row row) {
-    return emitDropped ? DedupProcessor.withFlags(row, false, withLate, false) : row;
+    return emitDropped ? withFlags(row, false, withLate, false) : row;
   }
 
   /** A late row as it is emitted: flagged late, state untouched. */
   Row late(Row row) {
-    return DedupProcessor.withFlags(row, false, withLate, true);
+    return withFlags(row, false, withLate, true);
   }
 
   /**
@@ -100,7 +165,7 @@ final class FirstOccurrence implements Serializable {
         exists = true;
       }
       if (emitDropped) {
-        out.add(DedupProcessor.withFlags(row, duplicate, withLate, false));
+        out.add(withFlags(row, duplicate, withLate, false));
       } else if (!duplicate) {
         out.add(row);
       }

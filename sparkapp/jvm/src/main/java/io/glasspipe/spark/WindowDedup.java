@@ -11,7 +11,6 @@ import org.apache.spark.sql.KeyValueGroupedDataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.streaming.OutputMode;
-import org.apache.spark.sql.streaming.StatefulProcessor;
 import org.apache.spark.sql.streaming.TimeMode;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.StructField;
@@ -20,13 +19,12 @@ import org.apache.spark.util.LongAccumulator;
 
 /**
  * Entry point called from PySpark (py4j): event-time deduplication within a window, done by a
- * JVM-side {@link DedupProcessor} in {@code transformWithState} so that no Python runs per key.
+ * JVM-side {@link BucketDedupProcessor} in {@code transformWithState} so that no Python runs per key.
  *
- * <p>State ({@link BucketDedupProcessor}): the keys grouped into a fixed number of buckets, each a map of its
- * live keys (first accepted event time) and one event-time timer, so evicting costs a few reads of each key
- * in its life, neither a scan of all live keys (as {@code dropDuplicatesWithinWatermark}) nor a timer a key,
- * whose tombstones Spark's timer scan steps over. Before a join ({@link #flagLateBeforeJoin}), {@link
- * DedupProcessor}: a value and a timer per key.
+ * <p>State: the keys grouped into a fixed number of buckets, each a map of its live keys (first accepted event
+ * time) and one event-time timer, so evicting costs a few reads of each key in its life, neither a scan of all
+ * live keys (as {@code dropDuplicatesWithinWatermark}) nor a timer a key, whose tombstones Spark's timer scan
+ * steps over. The same before a join ({@link #flagLateBeforeJoin}), where a row at the watermark is late too.
  */
 public final class WindowDedup {
   /** The grouping column of {@link BucketDedupProcessor}: the bucket of the key. */
@@ -151,24 +149,17 @@ public final class WindowDedup {
     if (keysInTwoPartitions == null) {
       keysInTwoPartitions = df.sparkSession().sparkContext().longAccumulator("glasspipe.keysInTwoPartitions");
     }
-    StatefulProcessor<Row, Row, Row> processor;
-    KeyValueGroupedDataset<Row, Row> grouped;
-    if (beforeJoin) {
-      processor = new DedupProcessor(etIndex, windowMs, flagCol != null, passthroughIndex, partitionIndex,
-          offsetIndex, keysInTwoPartitions, true, true);
-      grouped = df.groupBy(keyCols).as(Encoders.row(keySchema), Encoders.row(schema));
-    } else {
-      int[] keyIndexes = new int[keys.size()];
-      for (int i = 0; i < keys.size(); i++) {
-        keyIndexes[i] = schema.fieldIndex(keys.get(i));
-      }
-      processor = new BucketDedupProcessor(keyIndexes, keySchema, etIndex, windowMs, flagCol != null,
-          passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions, lateCol != null);
-      Column bucket = functions.pmod(functions.hash(keyCols), functions.lit(BucketDedupProcessor.BUCKETS))
-          .alias(BUCKET_COLUMN);
-      StructType bucketSchema = new StructType().add(BUCKET_COLUMN, DataTypes.IntegerType, false);
-      grouped = df.groupBy(bucket).as(Encoders.row(bucketSchema), Encoders.row(schema));
+    int[] keyIndexes = new int[keys.size()];
+    for (int i = 0; i < keys.size(); i++) {
+      keyIndexes[i] = schema.fieldIndex(keys.get(i));
     }
+    BucketDedupProcessor processor = new BucketDedupProcessor(keyIndexes, keySchema, etIndex, windowMs,
+        flagCol != null, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions, lateCol != null,
+        beforeJoin);
+    Column bucket = functions.pmod(functions.hash(keyCols), functions.lit(BucketDedupProcessor.BUCKETS))
+        .alias(BUCKET_COLUMN);
+    StructType bucketSchema = new StructType().add(BUCKET_COLUMN, DataTypes.IntegerType, false);
+    KeyValueGroupedDataset<Row, Row> grouped = df.groupBy(bucket).as(Encoders.row(bucketSchema), Encoders.row(schema));
     if (lateCol != null) {
       // No output column carries the watermark's mark: the watermark still reaches a join after this
       // (event-time mode passes the input's on), and Spark adds no check of emitted event times, a
