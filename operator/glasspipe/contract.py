@@ -177,6 +177,8 @@ SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|sasl[.]jaas|ss
 
 STATE_ROW_COUNT_CONF = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
 CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
+KAFKA_FETCHED_DATA_TIMEOUT_CONF = "spark.kafka.consumer.fetchedData.cache.timeout"
+KAFKA_FETCHED_DATA_EVICTOR_CONF = "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval"
 
 # Spark settings the job relies on (the dedup operator's transformWithState needs RocksDB). The JVM operators
 # jar (sparkapp/jvm) is on the job's classpath wherever it runs.
@@ -198,6 +200,14 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
     # reads an environment variable each time (SPARK_TESTING): ~1 % of the dedup stage's task samples. False is
     # what that default gives outside Spark's own tests; set, it is a map lookup.
     "spark.sql.types.framework.enabled": "false",
+    # Spark's Kafka reader keeps each poll's records (kafka.max.poll.records, glasspipe's 10 000: a whole fetch) in
+    # a pool, for a task that starts where that poll's task stopped. An entry no task takes again waits out the idle
+    # timeout, Spark's default 5 minutes, and the pool has no bound. A batch split into ranges
+    # (maxRecordsPerPartition) leaves one such entry per range: catching up at 20 000 pairs/s, a join's driver held
+    # 6.4 M records in it after 3.5 minutes and ran out of heap (docs/benchmarks.md). A few seconds keep the entry
+    # a next batch takes; one evicted early costs that batch one poll.
+    KAFKA_FETCHED_DATA_TIMEOUT_CONF: "5s",
+    KAFKA_FETCHED_DATA_EVICTOR_CONF: "2s",
 }
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -19,13 +20,23 @@ import pytest
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import consume_all, dumps, load_example, produce, run_to_end, totals, write_pipeline
+from glasspipe_dev.pipelines import (
+    consume_all,
+    dumps,
+    load_example,
+    produce,
+    run_to_end,
+    sms_dedup_pipeline,
+    totals,
+    write_pipeline,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar", "spark_jars")]
 T0 = datetime(2026, 11, 1, 8, 0, tzinfo=UTC)
 RECORDS = int(os.environ.get("GLASSPIPE_CATCHUP_RECORDS", "216000"))
 WIDTH = int(os.environ.get("GLASSPIPE_CATCHUP_WIDTH", "1000"))  # bytes of the wide field per record
 DRIVER_MEMORY = os.environ.get("GLASSPIPE_CATCHUP_DRIVER_MEMORY", "512m")
+POOL_RUN = str(Path(__file__).with_name("fetched_data_pool_run.py"))  # glasspipe run, then the reader's pool
 
 
 def backlog(n: int, width: int) -> tuple[list[tuple[bytes, bytes]], int, int, set[bytes]]:
@@ -96,3 +107,30 @@ def test_catch_up_of_a_backlog_of_many_batches_with_a_small_driver_is_exact(
     dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=len(bad) + 1, timeout=20)
     assert len(dead) == len(bad)
     assert {m.key() for m in dead} == bad  # a dead letter keeps the record's Kafka key
+
+
+def test_the_kafka_readers_pool_lets_go_of_a_split_batchs_records(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Issue #15: a batch whose Kafka ranges are split (maxRecordsPerPartition, a bounded batch's eighth) leaves a
+    poll's records (up to kafka.max.poll.records) in Spark's pool of fetched data for each range, and Spark keeps
+    an idle entry 5 minutes, with no bound: catching up, a join's driver ran out of heap. The job's settings
+    (contract.REQUIRED_SPARK_CONF) let the pool evict an idle entry after seconds; with Spark's defaults this
+    run's entries would all still be held."""
+    suffix = uuid.uuid4().hex[:8]
+    topic = f"pool-{suffix}"
+    kafka.create_topic(topic, 2)
+    kafka.create_topic(f"{topic}-dlq", 1)
+    path = sms_dedup_pipeline(tmp_path, f"pool-{suffix}", topic, max_rows=100_000, max_offsets=4_000)
+    records, rows, _dups, _bad = backlog(20_000, 100)
+    produce(kafka.bootstrap, topic, records)
+    done = run_to_end(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt", timeout=600,
+                      launcher=(sys.executable, POOL_RUN, "--linger", "10"))
+    summary = totals(done.stdout)
+    assert f"rows written {rows}," in summary, summary
+    pool = re.search(r"fetched-data pool: created (\d+), held (\d+)", done.stdout)
+    assert pool is not None, done.stdout[-2000:]
+    created, held = int(pool.group(1)), int(pool.group(2))
+    # 5 batches of 2 Kafka partitions, each range split in 4: far more entries than partitions
+    assert created > 4 * 2, (created, summary)
+    assert held == 0, f"{held} of {created} fetched-data entries still held 10 s after the run"
