@@ -136,7 +136,11 @@ def main() -> None:
                                           batching={"maxDelay": args.trigger})
         spec["deadLetter"]["topic"] = f"{orders}-dlq"
         spec["checkpoint"]["location"] = (tmp / "ckpt").as_uri()
-        spec.setdefault("spark", {}).setdefault("conf", {}).update(kv.split("=", 1) for kv in args.conf)
+        conf = spec.setdefault("spark", {}).setdefault("conf", {})
+        # every batch's progress for the printout below (Spark keeps the last 100): one a trigger, and the catch-up
+        conf["spark.sql.streaming.numRecentProgressUpdates"] = str(
+            int((args.seconds + 120) * 1000 / max(parse_duration_ms(args.trigger), 1)) + 100)
+        conf.update(kv.split("=", 1) for kv in args.conf)
         config = load_job_config(config_from_resource(doc))
         spark = local_session("glasspipe-bench-join", config.spark_conf)
         running = start_pipeline(spark, config)
