@@ -131,25 +131,24 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
 
   /**
    * The bucket's timer: its keys whose window the watermark has passed go; the timer is set again for the
-   * earliest left (Spark deletes the one that fired).
+   * earliest left (Spark deletes the one that fired). A key goes as it is read, not collected first: Spark's
+   * RocksDB store iterates a RocksDB iterator over the database itself (a view as of its creation, which later
+   * deletes leave alone) and deletes in the database directly, so a bucket's expired keys never sit in the heap
+   * together (a quarter of a bucket's keys, ~350 000 at an 8 h window and 50 000 events/s).
    */
   @Override
   public Iterator<Row> handleExpiredTimer(Row bucket, TimerValues timerValues, ExpiredTimerInfo expiredTimerInfo) {
     long watermark = timerValues.getCurrentWatermarkInMs();
     long earliest = Long.MAX_VALUE;
-    List<Row> gone = new ArrayList<>();
     scala.collection.Iterator<Tuple2<Row, Tuple2<Long, Integer>>> it = firstSeen.iterator();
     while (it.hasNext()) {
       Tuple2<Row, Tuple2<Long, Integer>> kv = it.next();
       long expiry = kv._2()._1() + rule.windowMs();
       if (expiry <= watermark) {
-        gone.add(kv._1());
+        firstSeen.removeKey(kv._1());
       } else {
         earliest = Math.min(earliest, expiry);
       }
-    }
-    for (Row key : gone) {
-      firstSeen.removeKey(key);
     }
     if (earliest != Long.MAX_VALUE) {
       getHandle().registerTimer(timerFor(bucket, earliest));
