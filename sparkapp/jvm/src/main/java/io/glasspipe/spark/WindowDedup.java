@@ -119,8 +119,10 @@ public final class WindowDedup {
     }
     List<StructField> keyFields = new ArrayList<>();
     Column[] keyCols = new Column[keys.size()];
+    int[] keyIndexes = new int[keys.size()];
     for (int i = 0; i < keys.size(); i++) {
-      keyFields.add(schema.fields()[schema.fieldIndex(keys.get(i))]);
+      keyIndexes[i] = schema.fieldIndex(keys.get(i));
+      keyFields.add(schema.fields()[keyIndexes[i]]);
       keyCols[i] = functions.col(keys.get(i));
     }
     StructType keySchema = new StructType(keyFields.toArray(new StructField[0]));
@@ -148,10 +150,6 @@ public final class WindowDedup {
     int offsetIndex = offsetCol == null ? -1 : schema.fieldIndex(offsetCol);
     if (keysInTwoPartitions == null) {
       keysInTwoPartitions = df.sparkSession().sparkContext().longAccumulator("glasspipe.keysInTwoPartitions");
-    }
-    int[] keyIndexes = new int[keys.size()];
-    for (int i = 0; i < keys.size(); i++) {
-      keyIndexes[i] = schema.fieldIndex(keys.get(i));
     }
     BucketDedupProcessor processor = new BucketDedupProcessor(keyIndexes, keySchema, etIndex, windowMs,
         flagCol != null, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions, lateCol != null,
