@@ -1,6 +1,6 @@
 """Temporal join of two Kafka sources: each side parsed, checked, filtered and deduplicated as a
 single source is, then joined by key within an event-time window by glasspipe's JVM join operator
-(``io.glasspipe.spark.JoinProcessor`` in ``transformWithState``, through jvm.temporal_join).
+(``io.glasspipe.spark.TemporalJoin``: ``transformWithState``, through jvm.temporal_join).
 
 The plan, per micro-batch (one query, both topics in one offset log):
 
@@ -14,11 +14,14 @@ The plan, per micro-batch (one query, both topics in one offset log):
 - A record matches every record of the other side with the same key(s) whose event time lies within
   ``join.window`` of its own: ``|t_left - t_right| <= window`` (both directions, so arrival order
   does not matter). A pair is emitted in the micro-batch in which its second record arrives.
-- State: per key, each side's records still inside their window, evicted by an event-time timer when
-  the watermark reaches ``t + window`` (exact: a later record that is not late has ``t' > watermark``,
-  so it cannot match); a left join emits a left record that matched nothing then. Eviction reads the
-  expired keys only, so a micro-batch's cost does not grow with the state (Spark's stream-stream join,
-  which this replaces, scanned its whole state every micro-batch: docs/semantics.md, Joins).
+- State: per key, each side's records still inside their window, evicted by event-time timers once
+  the watermark reaches ``t + window`` (a later record that is not late has ``t' > watermark``, so it
+  cannot match). A left join keeps a timer a key and emits a left record that matched nothing at that
+  watermark; an inner join keeps its keys in buckets with a timer a bucket, on a grid of a quarter
+  window, so a record may stay up to a grid step longer, which changes no match. Eviction reads the
+  expired keys or buckets only, so a micro-batch's cost does not grow with the state (Spark's
+  stream-stream join, which this replaces, scanned its whole state every micro-batch: docs/semantics.md,
+  Joins).
 - The joined row holds each side's fields in a struct column named after its source, so the output
   columns' SQL (``\\`orders\\`.\\`user_id\\```, from glasspipe.api.validation.resolve_columns) reads
   them as struct fields; dead rows carry NULL structs and their original Kafka coordinates.
@@ -35,7 +38,8 @@ The plan, per micro-batch (one query, both topics in one offset log):
   record and runner.prepare_handover starts a new checkpoint instead (docs/operations.md, Upgrading
   glasspipe). Plan ``""`` was Spark's join; ``/1`` ran a late-flag operator on every side, so its
   operators' state stores are numbered differently; a ``/2`` with a deduplicating side kept a value and a
-  timer a key there (``JOIN_DEDUP_BUCKETS_PLAN`` since).
+  timer a key there (``JOIN_DEDUP_BUCKETS_PLAN`` since); an inner ``/2`` joined by key, with a timer a
+  key (``JOIN_BUCKETS`` is added to the plan since).
 - A dead or late row's dead letter has its own Kafka key, value and coordinates; a joined row has none.
 """
 
@@ -74,13 +78,18 @@ JOIN_STATE_PLAN = "glasspipe-temporal-join/2"
 # A join with a deduplicating side: that side's state is a bucket of keys with a timer a bucket
 # (io.glasspipe.spark.BucketDedupProcessor), no longer a value and a timer a key as recorded under JOIN_STATE_PLAN.
 JOIN_DEDUP_BUCKETS_PLAN = f"{JOIN_STATE_PLAN}+dedup-buckets/1"
+# An inner join: its state is grouped by a bucket of the key with a timer a bucket
+# (io.glasspipe.spark.BucketJoinProcessor), no longer by the key with a timer a key (a left join still is).
+JOIN_BUCKETS = "+join-buckets/1"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
 
 
 def join_state_plan(config: JobConfig) -> str:
-    """The join's state plan (runner.state_plan): its dedup operators' layout is part of it."""
+    """The join's state plan (runner.state_plan): its dedup operators' layout and its own are part of it."""
     deduplicates = any(s.deduplication is not None for s in join_sides(config))
-    return JOIN_DEDUP_BUCKETS_PLAN if deduplicates else JOIN_STATE_PLAN
+    plan = JOIN_DEDUP_BUCKETS_PLAN if deduplicates else JOIN_STATE_PLAN
+    assert config.spec.join is not None
+    return plan + JOIN_BUCKETS if config.spec.join.type == "inner" else plan
 
 
 def join_sides(config: JobConfig) -> tuple[models.Source, models.Source]:

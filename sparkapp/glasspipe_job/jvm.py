@@ -5,8 +5,9 @@ runs a state call per key through the Python worker (~1-3k rows/s here), while
 ``dropDuplicatesWithinWatermark`` and Spark's stream-stream join (state format v2) scan their whole
 state every micro-batch to evict. The Java ``StatefulProcessor``s evict with event-time timers instead:
 ``io.glasspipe.spark.BucketDedupProcessor`` keeps a map of keys and one timer per bucket of keys,
-``io.glasspipe.spark.JoinProcessor`` one value and one timer per key, so a micro-batch costs its own rows
-plus the expired keys.
+``io.glasspipe.spark.BucketJoinProcessor`` (inner joins) the same for each key's records, and
+``io.glasspipe.spark.JoinProcessor`` (left joins) one value and one timer per key, so a micro-batch costs its
+own rows plus the expired keys.
 
 The jar is built by ``dev/install/jvm-ops.sh`` into
 ``$GLASSPIPE_CACHE/jvm-ops/<hash>/glasspipe-spark-ops.jar`` and must be on ``spark.jars`` before
@@ -207,8 +208,9 @@ def temporal_join(
     ``keys``, a left row (``side_col`` = JOIN_LEFT) and a right row (JOIN_RIGHT) match when their event
     times lie within ``window_seconds`` of each other; each pair is emitted once, when its second row
     arrives, as a row with ``side_col`` = JOIN_BOTH and both structs (``left_col``, ``right_col``). Rows
-    are evicted by event-time timers when the watermark reaches ``t + window``; with ``left_outer`` a
-    left row that matched nothing is emitted then (side JOIN_LEFT, right struct NULL). Rows with
+    are evicted by event-time timers once the watermark reaches ``t + window`` (an inner join's timers, a
+    bucket of keys each, up to a quarter window later); with ``left_outer`` a left row that matched
+    nothing is emitted then (side JOIN_LEFT, right struct NULL). Rows with
     ``late_col`` true, or NULL and at or below the watermark, pass through at once (late flag true)
     without entering state. The query must define a watermark upstream, but no column of ``df`` may
     carry its mark (Spark would drop late rows first); the result has ``df``'s columns and no
@@ -223,7 +225,7 @@ def temporal_join(
 
 JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"
 JSON_ENTRY = "io.glasspipe.spark.JsonValues"
-JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.JoinProcessor.LEFT / RIGHT / JOINED
+JOIN_LEFT, JOIN_RIGHT, JOIN_BOTH = 0, 1, 2  # io.glasspipe.spark.TemporalJoin.LEFT / RIGHT / JOINED
 
 
 _loaded: dict[tuple[int, str], Any] = {}  # (id(JVM view), class name) -> the class, once the jar has it

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from glasspipe_job.config import config_from_resource, load_job_config
-from glasspipe_job.join import JOIN_DEDUP_BUCKETS_PLAN, JOIN_STATE_PLAN
+from glasspipe_job.join import JOIN_BUCKETS, JOIN_DEDUP_BUCKETS_PLAN, JOIN_STATE_PLAN
 from glasspipe_job.runner import DEDUP_BUCKETS_PLAN, state_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,13 +23,27 @@ def plan_of(example: str, **dedup: Any) -> str:
     return state_plan(load_job_config(config_from_resource(doc, 0, 1)))
 
 
-def test_a_join_keeps_its_plan() -> None:
-    assert plan_of("orders-users-join.yaml") == JOIN_STATE_PLAN
+def plan_of_join(example: str, join_type: str) -> str:
+    doc = yaml.safe_load((ROOT / "examples" / example).read_text())
+    doc["spec"]["join"]["type"] = join_type
+    return state_plan(load_job_config(config_from_resource(doc, 0, 1)))
+
+
+def test_a_left_join_keeps_its_plan() -> None:
+    """A left join still keeps a timer a key: its checkpoints resume."""
+    assert plan_of_join("orders-users-join.yaml", "left") == JOIN_STATE_PLAN
+
+
+def test_an_inner_join_records_its_bucketed_state() -> None:
+    """An inner join was grouped by key under JOIN_STATE_PLAN; now by a bucket of keys: such a checkpoint is set
+    aside, with or without deduplicating sides."""
+    assert plan_of_join("orders-users-join.yaml", "inner") == JOIN_STATE_PLAN + JOIN_BUCKETS
+    assert plan_of_join("dedup-then-join.yaml", "inner") == JOIN_DEDUP_BUCKETS_PLAN + JOIN_BUCKETS
 
 
 def test_a_join_with_a_deduplicating_side_records_its_bucketed_state() -> None:
     """Its sides' dedup state was a value and a timer a key under JOIN_STATE_PLAN: such a checkpoint is set aside."""
-    assert plan_of("dedup-then-join.yaml") == JOIN_DEDUP_BUCKETS_PLAN != JOIN_STATE_PLAN
+    assert plan_of_join("dedup-then-join.yaml", "left") == JOIN_DEDUP_BUCKETS_PLAN != JOIN_STATE_PLAN
 
 
 def test_the_default_engine_records_its_bucketed_state() -> None:

@@ -84,9 +84,13 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
     return RowFactory.create(values);
   }
 
-  /** The bucket's grid point at or after {@code expiry}: grid steps offset by the bucket's own share of one. */
-  private long timerFor(Row bucket, long expiry) {
-    long phase = Math.floorMod((long) bucket.getInt(0), (long) BUCKETS) * gridMs / BUCKETS;
+  /**
+   * A bucket's timer for its earliest {@code expiry}: the bucket's grid point at or after it, grid steps offset by
+   * the bucket's own share of one, so that the buckets' timers fire spread over a step ({@link BucketJoinProcessor}
+   * too).
+   */
+  static long gridTimer(int bucket, long expiry, long gridMs) {
+    long phase = Math.floorMod((long) bucket, (long) BUCKETS) * gridMs / BUCKETS;
     return phase + Math.floorDiv(expiry - phase + gridMs - 1, gridMs) * gridMs;
   }
 
@@ -114,7 +118,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
       }
     }
     if (earliestNew != Long.MAX_VALUE) {
-      long wanted = timerFor(bucket, earliestNew);
+      long wanted = gridTimer(bucket.getInt(0), earliestNew, gridMs);
       // The bucket's one timer, from Spark's timers by key (a short prefix scan): a value state of its own
       // would be counted as a state row, which should be the live keys.
       scala.collection.Iterator<Object> timers = getHandle().listTimers();
@@ -151,7 +155,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
       }
     }
     if (earliest != Long.MAX_VALUE) {
-      getHandle().registerTimer(timerFor(bucket, earliest));
+      getHandle().registerTimer(gridTimer(bucket.getInt(0), earliest, gridMs));
     }
     return CollectionConverters.asScala(Collections.<Row>emptyIterator());
   }

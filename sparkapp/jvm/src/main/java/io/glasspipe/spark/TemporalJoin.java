@@ -16,11 +16,21 @@ import org.apache.spark.sql.types.StructType;
 
 /**
  * Entry point called from PySpark (py4j): a temporal join of two sides by key within an event-time
- * window, done by a JVM-side {@link JoinProcessor} in {@code transformWithState} with event-time
- * timers, so that eviction costs the expired keys instead of a scan of the whole join state (Spark's
- * stream-stream join, state format v2, scans every micro-batch).
+ * window ({@link JoinPairing}), done in {@code transformWithState} with event-time timers, so that eviction
+ * costs the expired rows instead of a scan of the whole join state (Spark's stream-stream join, state format
+ * v2, scans every micro-batch). An inner join groups keys in buckets with a timer a bucket
+ * ({@link BucketJoinProcessor}); a left join, whose unmatched rows are due when the watermark passes their
+ * window, keeps a timer a key ({@link JoinProcessor}).
  */
 public final class TemporalJoin {
+  /** The grouping column of {@link BucketJoinProcessor}: the bucket of the key. */
+  static final String BUCKET_COLUMN = "_gp_join_bucket";
+
+  /** The side column's values ({@code glasspipe_job.jvm.JOIN_LEFT} and so on). */
+  public static final int LEFT = JoinPairing.LEFT;
+  public static final int RIGHT = JoinPairing.RIGHT;
+  public static final int JOINED = JoinPairing.JOINED;
+
   private TemporalJoin() {}
 
   private static int index(StructType schema, String name, DataType type) {
@@ -49,7 +59,7 @@ public final class TemporalJoin {
    * sees them. {@code df} has these columns:
    *
    * @param keys the join key columns (the grouping); rows with a NULL key match nothing
-   * @param sideCol INT: {@link JoinProcessor#LEFT} or {@link JoinProcessor#RIGHT}
+   * @param sideCol INT: {@link #LEFT} or {@link #RIGHT}
    * @param eventTimeCol TIMESTAMP: the event time (not read on rows that pass through)
    * @param lateCol BOOLEAN: true (flagged by a side's {@link WindowDedup#flagLateBeforeJoin}) or NULL and
    *     at or below the watermark: the row passes through at once, late flag true, and never enters state
@@ -58,7 +68,7 @@ public final class TemporalJoin {
    * @param leftCol STRUCT of the left side's fields (NULL on right rows), {@code rightCol} likewise
    * @param windowMs the join window: {@code |t_left - t_right| <= window} matches
    * @param leftOuter emit a left row that matched nothing, right side NULL, when its window closes
-   * @return rows with the columns of {@code df}: joined rows (side {@link JoinProcessor#JOINED}),
+   * @return rows with the columns of {@code df}: joined rows (side {@link #JOINED}),
    *     unmatched left rows (left join) and late rows; the result carries no watermark, so nothing
    *     stateful may follow
    */
@@ -85,7 +95,7 @@ public final class TemporalJoin {
     StructType state = new StructType()
         .add("left", DataTypes.createArrayType(entrySchema(schema.fields()[leftIndex].dataType()), false), false)
         .add("right", DataTypes.createArrayType(entrySchema(schema.fields()[rightIndex].dataType()), false), false);
-    JoinProcessor processor = new JoinProcessor(
+    JoinPairing pairing = new JoinPairing(
         keyIndexes,
         index(schema, sideCol, DataTypes.IntegerType),
         index(schema, eventTimeCol, DataTypes.TimestampType),
@@ -93,14 +103,23 @@ public final class TemporalJoin {
         index(schema, warmupCol, DataTypes.BooleanType),
         partitionCol == null ? -1 : index(schema, partitionCol, DataTypes.IntegerType),
         offsetCol == null ? -1 : index(schema, offsetCol, DataTypes.LongType),
-        leftIndex, rightIndex, schema.size(), windowMs * 1000L, leftOuter, state);
+        leftIndex, rightIndex, schema.size(), windowMs * 1000L);
     // every output column nullable: joined rows have no Kafka coordinates, unmatched rows no right side
     StructType out = new StructType();
     for (StructField f : schema.fields()) {
       out = out.add(f.name(), f.dataType(), true);
     }
-    return df.groupBy(keyCols)
-        .as(Encoders.row(new StructType(keyFields)), Encoders.row(schema))
-        .transformWithState(processor, TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
+    if (leftOuter) {
+      return df.groupBy(keyCols)
+          .as(Encoders.row(new StructType(keyFields)), Encoders.row(schema))
+          .transformWithState(new JoinProcessor(pairing, state), TimeMode.EventTime(), OutputMode.Append(),
+              Encoders.row(out));
+    }
+    Column bucket = functions.pmod(functions.hash(keyCols), functions.lit(BucketDedupProcessor.BUCKETS))
+        .alias(BUCKET_COLUMN);
+    return df.groupBy(bucket)
+        .as(Encoders.row(new StructType().add(BUCKET_COLUMN, DataTypes.IntegerType, false)), Encoders.row(schema))
+        .transformWithState(new BucketJoinProcessor(pairing, keyIndexes, new StructType(keyFields), state),
+            TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
   }
 }

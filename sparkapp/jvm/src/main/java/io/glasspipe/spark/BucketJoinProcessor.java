@@ -1,0 +1,137 @@
+package io.glasspipe.spark;
+
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+
+import org.apache.spark.sql.Encoders;
+import org.apache.spark.sql.Row;
+import org.apache.spark.sql.RowFactory;
+import org.apache.spark.sql.streaming.ExpiredTimerInfo;
+import org.apache.spark.sql.streaming.MapState;
+import org.apache.spark.sql.streaming.OutputMode;
+import org.apache.spark.sql.streaming.StatefulProcessor;
+import org.apache.spark.sql.streaming.TTLConfig;
+import org.apache.spark.sql.streaming.TimeMode;
+import org.apache.spark.sql.streaming.TimerValues;
+import org.apache.spark.sql.types.StructType;
+import scala.Tuple2;
+import scala.collection.Iterator;
+
+/**
+ * The inner temporal join ({@link JoinPairing}) grouped by a bucket of the key ({@link BucketDedupProcessor#BUCKETS}
+ * of them, {@link TemporalJoin}), with one event-time timer a bucket instead of one a key: the timers of
+ * {@link BucketDedupProcessor}, for the same reason (a timer a key leaves a tombstone a key in Spark's timer index,
+ * which every micro-batch's timer scan steps over until RocksDB compacts it).
+ *
+ * <p>A bucket keeps its keys in a map state (key to each side's rows inside their window) and one timer, on a grid
+ * of a quarter window at or after the earliest expiry of its rows, offset by the bucket's number. When it fires, the
+ * bucket's keys are read, rows whose window the watermark has passed go, keys left with none go, and the timer is
+ * set again for the earliest left. A key's fresh rows also drop its expired ones when its state is written anyway.
+ *
+ * <p>A row may thus be kept up to a grid step past its window. That changes no result of an inner join: a row that
+ * reaches the state is not late, so it is more than a window after any row whose window the watermark has passed,
+ * and matches none of them. A left join emits its unmatched rows at eviction, which must not wait for the grid:
+ * it takes {@link JoinProcessor}.
+ */
+public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> {
+  private static final long serialVersionUID = 1L;
+
+  private final JoinPairing pairing;
+  private final int[] keyIndexes;
+  private final StructType keySchema;
+  private final StructType stateSchema;
+  private final long gridMs;
+  private transient MapState<Row, Row> stored;
+
+  BucketJoinProcessor(JoinPairing pairing, int[] keyIndexes, StructType keySchema, StructType stateSchema) {
+    this.pairing = pairing;
+    this.keyIndexes = keyIndexes.clone();
+    this.keySchema = keySchema;
+    this.stateSchema = stateSchema;
+    this.gridMs = Math.max(1L, pairing.windowMs() / BucketDedupProcessor.GRID_PARTS);
+  }
+
+  @Override
+  public void init(OutputMode outputMode, TimeMode timeMode) {
+    TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
+    stored = getHandle().getMapState("rows", Encoders.row(keySchema), Encoders.row(stateSchema), TTLConfig.NONE());
+  }
+
+  private Row keyOf(Row row) {
+    Object[] values = new Object[keyIndexes.length];
+    for (int i = 0; i < keyIndexes.length; i++) {
+      values[i] = row.get(keyIndexes[i]);
+    }
+    return RowFactory.create(values);
+  }
+
+  @Override
+  public Iterator<Row> handleInputRows(Row bucket, Iterator<Row> rows, TimerValues timerValues) {
+    List<Row> out = new ArrayList<>();
+    Map<Row, JoinPairing.Sides> byKey = new LinkedHashMap<>();
+    long watermark = timerValues.getCurrentWatermarkInMs();
+    while (rows.hasNext()) {
+      Row row = rows.next();
+      JoinPairing.Sides fresh = byKey.computeIfAbsent(keyOf(row),
+          k -> new JoinPairing.Sides(new ArrayList<>(1), new ArrayList<>(1)));
+      pairing.route(row, watermark, out, fresh);
+    }
+    long earliest = Long.MAX_VALUE;
+    for (Map.Entry<Row, JoinPairing.Sides> e : byKey.entrySet()) {
+      Row key = e.getKey();
+      JoinPairing.Sides fresh = e.getValue();
+      if (fresh.isEmpty() || JoinPairing.anyNull(key)) {
+        continue; // only late rows; or a NULL key, which matches nothing (an inner join drops such rows)
+      }
+      JoinPairing.Sides kept = JoinPairing.decode(stored.getValue(key));
+      pairing.evict(key, kept, watermark, false, out);
+      pairing.pair(key, fresh, kept, out);
+      stored.updateValue(key, JoinPairing.encode(kept));
+      earliest = Math.min(earliest, pairing.earliestExpiry(fresh));
+    }
+    if (earliest != Long.MAX_VALUE) {
+      long wanted = BucketDedupProcessor.gridTimer(bucket.getInt(0), earliest, gridMs);
+      // The bucket's one timer, from Spark's timers by key (a short prefix scan).
+      scala.collection.Iterator<Object> timers = getHandle().listTimers();
+      Long current = timers.hasNext() ? (Long) timers.next() : null;
+      if (current == null || wanted < current) {
+        if (current != null) {
+          getHandle().deleteTimer(current);
+        }
+        getHandle().registerTimer(wanted);
+      }
+    }
+    return JoinPairing.iterator(out);
+  }
+
+  /**
+   * The bucket's timer: rows whose window the watermark has passed go, and keys left with none; the timer is set
+   * again for the earliest row left (Spark deletes the one that fired). Keys are written as they are read, which
+   * Spark's RocksDB store allows ({@link BucketDedupProcessor#handleExpiredTimer}).
+   */
+  @Override
+  public Iterator<Row> handleExpiredTimer(Row bucket, TimerValues timerValues, ExpiredTimerInfo expiredTimerInfo) {
+    List<Row> out = new ArrayList<>();
+    long watermark = timerValues.getCurrentWatermarkInMs();
+    long earliest = Long.MAX_VALUE;
+    scala.collection.Iterator<Tuple2<Row, Row>> it = stored.iterator();
+    while (it.hasNext()) {
+      Tuple2<Row, Row> kv = it.next();
+      JoinPairing.Sides kept = JoinPairing.decode(kv._2());
+      if (!pairing.evict(kv._1(), kept, watermark, false, out)) {
+        earliest = Math.min(earliest, pairing.earliestExpiry(kept));
+      } else if (kept.isEmpty()) {
+        stored.removeKey(kv._1());
+      } else {
+        stored.updateValue(kv._1(), JoinPairing.encode(kept));
+        earliest = Math.min(earliest, pairing.earliestExpiry(kept));
+      }
+    }
+    if (earliest != Long.MAX_VALUE) {
+      getHandle().registerTimer(BucketDedupProcessor.gridTimer(bucket.getInt(0), earliest, gridMs));
+    }
+    return JoinPairing.iterator(out);
+  }
+}

@@ -1,0 +1,139 @@
+"""The temporal join operator (io.glasspipe.spark.TemporalJoin) on real local Spark + RocksDB state, without Kafka:
+an inner join's buckets (BucketJoinProcessor) match at the window's bounds, pass late rows through, evict keys once
+the watermark passes their window, and resume from a checkpoint.
+
+The source is a folder of JSON files read one file per micro-batch, as in test_dedup_operator.py; each step is one
+data micro-batch, plus Spark's no-data batch when the watermark moves, which fires the eviction timers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe.contract import STATE_ROW_COUNT_CONF
+from glasspipe_job.jvm import JOIN_BOTH, JOIN_LEFT, JOIN_RIGHT, temporal_join
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar")]
+
+SCHEMA = "k string, side int, ts timestamp, id string, p int, o long"
+WINDOW_S = 60
+LATENESS = "10 seconds"
+
+
+def t(mmss: str) -> str:
+    return f"2024-01-01T00:{mmss}Z"
+
+
+class JoinStream:
+    """A JSON file source folder plus a checkpoint; runs an inner join of its left and right rows by ``k``."""
+
+    def __init__(self, spark: Any, root: Path) -> None:
+        self.spark, self.src, self.ckpt = spark, root / "in", root / "ckpt"
+        self.src.mkdir(parents=True)
+        self.n = 0
+        self.q: Any = None
+        self.calls: dict[int, list[tuple[Any, ...]]] = {}
+
+    def start(self) -> None:
+        from pyspark.sql import functions as F
+
+        self.spark.conf.set(STATE_ROW_COUNT_CONF, "true")  # the state's keys, read by state_rows()
+        src = (self.spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", 1).json(str(self.src))
+               .withWatermark("ts", LATENESS))
+        side = F.col("side")
+        rows = src.select(
+            "k", "side",
+            F.timestamp_micros(F.unix_micros("ts")).alias("et"),  # without the watermark's mark: no row dropped
+            F.lit(None).cast("boolean").alias("late"), F.lit(False).alias("warmup"), "p", "o",
+            F.when(side == JOIN_LEFT, F.struct("id")).alias("l"),
+            F.when(side == JOIN_RIGHT, F.struct("id")).alias("r"))
+        out = temporal_join(rows, ["k"], side_col="side", event_time_col="et", late_col="late", warmup_col="warmup",
+                            partition_col="p", offset_col="o", left_col="l", right_col="r",
+                            window_seconds=WINDOW_S, left_outer=False)
+        self.q = (out.writeStream.foreachBatch(self._collect).outputMode("append")
+                  .option("checkpointLocation", str(self.ckpt)).start())
+
+    def _collect(self, df: Any, batch_id: int) -> None:
+        self.calls[batch_id] = sorted(
+            (r.k, "joined" if r.side == JOIN_BOTH else "late" if r.late else f"side {r.side}",
+             r.l.id if r.l else None, r.r.id if r.r else None) for r in df.collect())
+
+    def step(self, rows: list[tuple[str, int, str, str]]) -> None:
+        """One micro-batch of (key, side, event time, id) rows, in Kafka order (partition 0)."""
+        tmp = self.src / f".f{self.n:04d}.json.tmp"
+        tmp.write_text("".join(json.dumps({"k": k, "side": s, "ts": ts, "id": i, "p": 0, "o": 100 * self.n + j})
+                               + "\n" for j, (k, s, ts, i) in enumerate(rows)))
+        os.rename(tmp, self.src / f"f{self.n:04d}.json")
+        self.n += 1
+        self.q.processAllAvailable()
+
+    def rows(self) -> list[tuple[Any, ...]]:
+        return [row for batch in sorted(self.calls) for row in self.calls[batch]]
+
+    def state_rows(self) -> int:
+        for p in reversed(self.q.recentProgress):
+            if p.get("stateOperators"):
+                return int(p["stateOperators"][0]["numRowsTotal"])
+        raise AssertionError("no state operator progress")
+
+    def wait_state_rows(self, expected: int, timeout: float = 60.0) -> None:
+        """Eviction runs in the no-data batch after the watermark moved, which may start after processAllAvailable
+        returned: poll the progress until it shows."""
+        deadline = time.monotonic() + timeout
+        while self.state_rows() != expected:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"state rows {self.state_rows()} != {expected} after {timeout} s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.q is not None:
+            self.q.stop()
+            self.q = None
+
+
+L, R = JOIN_LEFT, JOIN_RIGHT
+
+
+def test_an_inner_join_matches_at_the_windows_bounds_and_evicts_past_them(spark: Any, tmp_path: Path) -> None:
+    s = JoinStream(spark, tmp_path)
+    s.start()
+    try:
+        s.step([("a", L, t("00:00"), "la"), ("b", R, t("00:05"), "rb"), ("c", L, t("00:00"), "lc")])
+        # a: right rows exactly a window after la (matches) and a second past it (does not), in either side's
+        # order; b: a left row 1 s before rb; c: nothing to match
+        s.step([("a", R, t("01:01"), "ra-61s"), ("a", R, t("01:00"), "ra-60s"), ("b", L, t("00:04"), "lb"),
+                ("a", L, t("00:59"), "la2")])
+        assert s.rows() == [("a", "joined", "la", "ra-60s"), ("a", "joined", "la2", "ra-60s"),
+                            ("a", "joined", "la2", "ra-61s"), ("b", "joined", "lb", "rb")]
+        s.wait_state_rows(3)  # a, b, c
+        # Event time jumps to 10:00: watermark 09:50, past every window above (at most 02:01) and the grid step
+        # (15 s) after it: all their keys go, z stays.
+        s.step([("z", L, t("10:00"), "lz")])
+        s.wait_state_rows(1)
+        # a late right row of a passes through flagged and touches no state; z's right row matches
+        s.step([("a", R, t("00:30"), "ra-late"), ("z", R, t("10:30"), "rz")])
+        assert s.rows()[4:] == [("a", "late", None, "ra-late"), ("z", "joined", "lz", "rz")]
+        s.wait_state_rows(1)
+    finally:
+        s.stop()
+
+
+def test_an_inner_joins_buckets_resume_from_the_checkpoint(spark: Any, tmp_path: Path) -> None:
+    """Rows kept before a restart match rows after it; several keys of one batch share the buckets' map."""
+    s = JoinStream(spark, tmp_path)
+    s.start()
+    try:
+        s.step([(f"k{i}", L, t("00:00"), f"l{i}") for i in range(50)])
+        s.stop()
+        s.start()
+        s.step([(f"k{i}", R, t("00:30"), f"r{i}") for i in range(0, 50, 2)])
+        assert s.rows() == sorted((f"k{i}", "joined", f"l{i}", f"r{i}") for i in range(0, 50, 2))
+        s.wait_state_rows(50)
+    finally:
+        s.stop()
