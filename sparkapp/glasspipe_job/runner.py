@@ -174,7 +174,7 @@ PARTITION_DEDUP_STATE = "dedup-per-kafka-partition"  # its stores' folder in the
 # The plan of a checkpoint whose single source deduplicates with the default engine: transformWithState grouped by
 # a bucket of the key, a map state and a timer a bucket (io.glasspipe.spark.BucketDedupProcessor). A checkpoint of
 # the earlier layout (a value and a timer a key, recorded as plan "") is set aside and its state rebuilt by the
-# warm-up. A change of the processor's BUCKETS or of its state variables needs a new number.
+# warm-up. A change of io.glasspipe.spark.KeyBuckets.BUCKETS or of the processor's state variables needs a new number.
 DEDUP_BUCKETS_PLAN = "dedup-buckets/1"
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ import pytest
 
 from glasspipe.contract import STATE_ROW_COUNT_CONF
 from glasspipe_job.jvm import deduplicate_within_window
+from state_progress import state_rows, wait_state_rows
 
 pytestmark = pytest.mark.integration
 
@@ -83,28 +83,10 @@ class Stream:
 
     def state_rows(self) -> int:
         """Live keys in the dedup state (value rows; timers are not counted) after the last batch."""
-        for p in reversed(self.q.recentProgress):
-            if p.get("stateOperators"):
-                return int(p["stateOperators"][0]["numRowsTotal"])
-        raise AssertionError("no state operator progress")
+        return state_rows(self.q)
 
     def wait_state_rows(self, expected: int, timeout: float = 60.0) -> None:
-        """Eviction happens in the no-data batch Spark runs after the watermark moved, which may
-        start after processAllAvailable() returned: poll the progress until it shows up."""
-        deadline = time.monotonic() + timeout
-        while self.state_rows() != expected:
-            if time.monotonic() > deadline:
-                summary = [
-                    (
-                        p["batchId"],
-                        p["numInputRows"],
-                        p["eventTime"].get("watermark"),
-                        p["stateOperators"][0]["numRowsTotal"] if p["stateOperators"] else None,
-                    )
-                    for p in self.q.recentProgress
-                ]
-                raise AssertionError(f"state rows {self.state_rows()} != {expected} after {timeout} s: {summary}")
-            time.sleep(0.2)
+        wait_state_rows(self.q, expected, timeout)
 
     def stop(self) -> None:
         if self.q is not None:

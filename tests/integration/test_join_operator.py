@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +17,7 @@ import pytest
 
 from glasspipe.contract import STATE_ROW_COUNT_CONF
 from glasspipe_job.jvm import JOIN_BOTH, JOIN_LEFT, JOIN_RIGHT, temporal_join
+from state_progress import wait_state_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar")]
 
@@ -76,20 +76,9 @@ class JoinStream:
     def rows(self) -> list[tuple[Any, ...]]:
         return [row for batch in sorted(self.calls) for row in self.calls[batch]]
 
-    def state_rows(self) -> int:
-        for p in reversed(self.q.recentProgress):
-            if p.get("stateOperators"):
-                return int(p["stateOperators"][0]["numRowsTotal"])
-        raise AssertionError("no state operator progress")
-
-    def wait_state_rows(self, expected: int, timeout: float = 60.0) -> None:
-        """Eviction runs in the no-data batch after the watermark moved, which may start after processAllAvailable
-        returned: poll the progress until it shows."""
-        deadline = time.monotonic() + timeout
-        while self.state_rows() != expected:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"state rows {self.state_rows()} != {expected} after {timeout} s")
-            time.sleep(0.2)
+    def wait_state_rows(self, expected: int) -> None:
+        """Waits for the join's state to hold ``expected`` keys (Spark counts a bucket's map entries)."""
+        wait_state_rows(self.q, expected)
 
     def stop(self) -> None:
         if self.q is not None:

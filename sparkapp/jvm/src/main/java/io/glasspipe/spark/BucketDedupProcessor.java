@@ -8,7 +8,6 @@ import java.util.Map;
 
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
-import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.streaming.ExpiredTimerInfo;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
@@ -24,19 +23,14 @@ import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * Deduplication ({@link FirstOccurrence}: first occurrence wins within the window) in {@code transformWithState},
- * grouped by a bucket of the key ({@link #BUCKETS} of them, {@link WindowDedup}) instead of by the key, with
+ * grouped by a bucket of the key ({@link KeyBuckets#BUCKETS} of them) instead of by the key, with
  * one event-time timer a bucket instead of one a key.
  *
- * <p>Why: Spark keeps timers in a RocksDB index ordered by time and finds the due ones by scanning it from its
- * start, where every timer already fired and deleted stays as a tombstone until RocksDB compacts it away. With a
- * timer a key, once keys expire each micro-batch steps over all keys expired since the last compaction: in
- * bench/RocksDBStateSim.java at 10 000 events/s, 250 ms batches, a 2 m window, that scan was 58 of the state's
- * 80 CPU-s, and it dominated the tasks' native time on the pipeline (docs/benchmarks.md). Here a bucket keeps
- * its keys in a map state (key to first accepted event time and Kafka partition) and one timer, on a grid of a
- * quarter window at or after its earliest expiry. When the timer fires, the bucket's keys are read, those whose
- * window the watermark has passed are removed, and the timer is set again for the earliest left. Each key is
- * read about four times in its life, and each bucket's grid is offset by its number, so the buckets' timers
- * fire spread over the grid step, not all in one batch.
+ * <p>A bucket keeps its keys in a map state (key to first accepted event time and Kafka partition) and one timer
+ * ({@link KeyBuckets}: why, and its grid). When the timer fires, the bucket's keys are read, those whose window the
+ * watermark has passed are removed, and the timer is set again for the earliest left. In bench/RocksDBStateSim.java
+ * at 10 000 events/s, 250 ms batches, a 2 m window, a timer a key's scan over tombstones was 58 of the state's 80
+ * CPU-s, and it dominated the tasks' native time on the pipeline (docs/benchmarks.md).
  *
  * <p>A key's state may outlive its window by up to a grid step. That changes no result: a row that reaches the
  * state is not late, so its event time is at or above the watermark, hence at or past the end of any window the
@@ -47,11 +41,6 @@ import scala.jdk.javaapi.CollectionConverters;
  */
 public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
-
-  /** Buckets of the key space; part of the state's layout (runner.py's DEDUP_BUCKETS_PLAN names it). */
-  public static final int BUCKETS = 1024;
-  /** The timer grid is the window divided by this; a key is read about this many times before it expires. */
-  public static final int GRID_PARTS = 4;
 
   private final int[] keyIndexes;
   private final StructType keySchema;
@@ -66,7 +55,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
     this.keySchema = keySchema;
     this.rule = new FirstOccurrence(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex,
         offsetIndex, keysInTwoPartitions, flagLate, lateAtWatermark);
-    this.gridMs = Math.max(1L, windowMs / GRID_PARTS);
+    this.gridMs = KeyBuckets.gridMs(windowMs);
   }
 
   @Override
@@ -74,24 +63,6 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
     TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
     firstSeen = getHandle().getMapState("firstSeen", Encoders.row(keySchema),
         Encoders.tuple(Encoders.LONG(), Encoders.INT()), TTLConfig.NONE());
-  }
-
-  private Row keyOf(Row row) {
-    Object[] values = new Object[keyIndexes.length];
-    for (int i = 0; i < keyIndexes.length; i++) {
-      values[i] = row.get(keyIndexes[i]);
-    }
-    return RowFactory.create(values);
-  }
-
-  /**
-   * A bucket's timer for its earliest {@code expiry}: the bucket's grid point at or after it, grid steps offset by
-   * the bucket's own share of one, so that the buckets' timers fire spread over a step ({@link BucketJoinProcessor}
-   * too).
-   */
-  static long gridTimer(int bucket, long expiry, long gridMs) {
-    long phase = Math.floorMod((long) bucket, (long) BUCKETS) * gridMs / BUCKETS;
-    return phase + Math.floorDiv(expiry - phase + gridMs - 1, gridMs) * gridMs;
   }
 
   @Override
@@ -106,7 +77,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
       } else if (rule.isLate(row, watermark)) {
         out.add(rule.late(row));
       } else {
-        byKey.computeIfAbsent(keyOf(row), k -> new ArrayList<>(1)).add(row);
+        byKey.computeIfAbsent(KeyBuckets.keyOf(row, keyIndexes), k -> new ArrayList<>(1)).add(row);
       }
     }
     long earliestNew = Long.MAX_VALUE;
@@ -118,17 +89,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
       }
     }
     if (earliestNew != Long.MAX_VALUE) {
-      long wanted = gridTimer(bucket.getInt(0), earliestNew, gridMs);
-      // The bucket's one timer, from Spark's timers by key (a short prefix scan): a value state of its own
-      // would be counted as a state row, which should be the live keys.
-      scala.collection.Iterator<Object> timers = getHandle().listTimers();
-      Long current = timers.hasNext() ? (Long) timers.next() : null;
-      if (current == null || wanted < current) {
-        if (current != null) {
-          getHandle().deleteTimer(current);
-        }
-        getHandle().registerTimer(wanted);
-      }
+      KeyBuckets.keepTimerBefore(getHandle(), bucket, earliestNew, gridMs);
     }
     return CollectionConverters.asScala(out.iterator());
   }
@@ -155,7 +116,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
       }
     }
     if (earliest != Long.MAX_VALUE) {
-      getHandle().registerTimer(gridTimer(bucket.getInt(0), earliest, gridMs));
+      getHandle().registerTimer(KeyBuckets.timerFor(bucket, earliest, gridMs));
     }
     return CollectionConverters.asScala(Collections.<Row>emptyIterator());
   }

@@ -7,7 +7,6 @@ import java.util.Map;
 
 import org.apache.spark.sql.Encoders;
 import org.apache.spark.sql.Row;
-import org.apache.spark.sql.RowFactory;
 import org.apache.spark.sql.streaming.ExpiredTimerInfo;
 import org.apache.spark.sql.streaming.MapState;
 import org.apache.spark.sql.streaming.OutputMode;
@@ -20,10 +19,8 @@ import scala.Tuple2;
 import scala.collection.Iterator;
 
 /**
- * The inner temporal join ({@link JoinPairing}) grouped by a bucket of the key ({@link BucketDedupProcessor#BUCKETS}
- * of them, {@link TemporalJoin}), with one event-time timer a bucket instead of one a key: the timers of
- * {@link BucketDedupProcessor}, for the same reason (a timer a key leaves a tombstone a key in Spark's timer index,
- * which every micro-batch's timer scan steps over until RocksDB compacts it).
+ * The inner temporal join ({@link JoinPairing}) grouped by a bucket of the key, with one event-time timer a bucket
+ * instead of one a key ({@link KeyBuckets}: why, and the timer's grid), as {@link BucketDedupProcessor} has.
  *
  * <p>A bucket keeps its keys in a map state (key to each side's rows inside their window) and one timer, on a grid
  * of a quarter window at or after the earliest expiry of its rows, offset by the bucket's number. When it fires, the
@@ -50,21 +47,13 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
     this.stateSchema = stateSchema;
-    this.gridMs = Math.max(1L, pairing.windowMs() / BucketDedupProcessor.GRID_PARTS);
+    this.gridMs = KeyBuckets.gridMs(pairing.windowMs());
   }
 
   @Override
   public void init(OutputMode outputMode, TimeMode timeMode) {
     TaskConf.pin(); // init runs in the task, before its rows: one SQL conf for all of them
     stored = getHandle().getMapState("rows", Encoders.row(keySchema), Encoders.row(stateSchema), TTLConfig.NONE());
-  }
-
-  private Row keyOf(Row row) {
-    Object[] values = new Object[keyIndexes.length];
-    for (int i = 0; i < keyIndexes.length; i++) {
-      values[i] = row.get(keyIndexes[i]);
-    }
-    return RowFactory.create(values);
   }
 
   @Override
@@ -74,7 +63,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     long watermark = timerValues.getCurrentWatermarkInMs();
     while (rows.hasNext()) {
       Row row = rows.next();
-      JoinPairing.Sides fresh = byKey.computeIfAbsent(keyOf(row),
+      JoinPairing.Sides fresh = byKey.computeIfAbsent(KeyBuckets.keyOf(row, keyIndexes),
           k -> new JoinPairing.Sides(new ArrayList<>(1), new ArrayList<>(1)));
       pairing.route(row, watermark, out, fresh);
     }
@@ -92,16 +81,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
       earliest = Math.min(earliest, pairing.earliestExpiry(fresh));
     }
     if (earliest != Long.MAX_VALUE) {
-      long wanted = BucketDedupProcessor.gridTimer(bucket.getInt(0), earliest, gridMs);
-      // The bucket's one timer, from Spark's timers by key (a short prefix scan).
-      scala.collection.Iterator<Object> timers = getHandle().listTimers();
-      Long current = timers.hasNext() ? (Long) timers.next() : null;
-      if (current == null || wanted < current) {
-        if (current != null) {
-          getHandle().deleteTimer(current);
-        }
-        getHandle().registerTimer(wanted);
-      }
+      KeyBuckets.keepTimerBefore(getHandle(), bucket, earliest, gridMs);
     }
     return JoinPairing.iterator(out);
   }
@@ -130,7 +110,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
       }
     }
     if (earliest != Long.MAX_VALUE) {
-      getHandle().registerTimer(BucketDedupProcessor.gridTimer(bucket.getInt(0), earliest, gridMs));
+      getHandle().registerTimer(KeyBuckets.timerFor(bucket, earliest, gridMs));
     }
     return JoinPairing.iterator(out);
   }

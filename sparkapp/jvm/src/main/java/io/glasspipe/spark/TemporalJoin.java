@@ -115,10 +115,7 @@ public final class TemporalJoin {
           .transformWithState(new JoinProcessor(pairing, state), TimeMode.EventTime(), OutputMode.Append(),
               Encoders.row(out));
     }
-    Column bucket = functions.pmod(functions.hash(keyCols), functions.lit(BucketDedupProcessor.BUCKETS))
-        .alias(BUCKET_COLUMN);
-    return df.groupBy(bucket)
-        .as(Encoders.row(new StructType().add(BUCKET_COLUMN, DataTypes.IntegerType, false)), Encoders.row(schema))
+    return KeyBuckets.groupByBucket(df, keyCols, BUCKET_COLUMN)
         .transformWithState(new BucketJoinProcessor(pairing, keyIndexes, new StructType(keyFields), state),
             TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
   }

@@ -154,10 +154,7 @@ public final class WindowDedup {
     BucketDedupProcessor processor = new BucketDedupProcessor(keyIndexes, keySchema, etIndex, windowMs,
         flagCol != null, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions, lateCol != null,
         beforeJoin);
-    Column bucket = functions.pmod(functions.hash(keyCols), functions.lit(BucketDedupProcessor.BUCKETS))
-        .alias(BUCKET_COLUMN);
-    StructType bucketSchema = new StructType().add(BUCKET_COLUMN, DataTypes.IntegerType, false);
-    KeyValueGroupedDataset<Row, Row> grouped = df.groupBy(bucket).as(Encoders.row(bucketSchema), Encoders.row(schema));
+    KeyValueGroupedDataset<Row, Row> grouped = KeyBuckets.groupByBucket(df, keyCols, BUCKET_COLUMN);
     if (lateCol != null) {
       // No output column carries the watermark's mark: the watermark still reaches a join after this
       // (event-time mode passes the input's on), and Spark adds no check of emitted event times, a
