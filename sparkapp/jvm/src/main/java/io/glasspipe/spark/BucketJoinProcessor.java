@@ -63,8 +63,8 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     long watermark = timerValues.getCurrentWatermarkInMs();
     while (rows.hasNext()) {
       Row row = rows.next();
-      JoinPairing.Sides fresh = byKey.computeIfAbsent(KeyBuckets.keyOf(row, keyIndexes),
-          k -> new JoinPairing.Sides(new ArrayList<>(1), new ArrayList<>(1)));
+      JoinPairing.Sides fresh =
+          byKey.computeIfAbsent(KeyBuckets.keyOf(row, keyIndexes), k -> new JoinPairing.Sides());
       pairing.route(row, watermark, out, fresh);
     }
     long earliest = Long.MAX_VALUE;

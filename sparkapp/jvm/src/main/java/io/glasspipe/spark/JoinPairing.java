@@ -88,6 +88,11 @@ final class JoinPairing implements Serializable {
     final List<Entry> left;
     final List<Entry> right;
 
+    /** No rows yet (a key's rows of a batch, most often one or two). */
+    Sides() {
+      this(new ArrayList<>(2), new ArrayList<>(2));
+    }
+
     Sides(List<Entry> left, List<Entry> right) {
       this.left = left;
       this.right = right;

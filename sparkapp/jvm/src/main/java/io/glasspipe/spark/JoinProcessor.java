@@ -47,7 +47,7 @@ public final class JoinProcessor extends StatefulProcessor<Row, Row, Row> {
   @Override
   public Iterator<Row> handleInputRows(Row key, Iterator<Row> rows, TimerValues timerValues) {
     List<Row> out = new ArrayList<>();
-    JoinPairing.Sides fresh = new JoinPairing.Sides(new ArrayList<>(), new ArrayList<>());
+    JoinPairing.Sides fresh = new JoinPairing.Sides();
     long watermark = timerValues.getCurrentWatermarkInMs();
     while (rows.hasNext()) {
       pairing.route(rows.next(), watermark, out, fresh);
