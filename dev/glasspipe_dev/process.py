@@ -13,9 +13,45 @@ from pathlib import Path
 from typing import Self
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+# Ports handed out below the kernel's ephemeral range, a block per pytest-xdist worker: a port from
+# bind(0) is ephemeral, so another worker's bind(0) or any outgoing connection (a Kafka client's) could
+# take it between our close and the server's bind (seen: a driver's metrics port, EADDRINUSE).
+_PORT_BLOCK = 2000
+_PORT_BASE = 20000
+_next_port: list[int] = []
+
+
+def _port_block() -> range:
+    """This process's block of ports: one per pytest-xdist worker, and one for everything else."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    slot = int(worker[2:]) % 5 + 1 if worker[:2] == "gw" and worker[2:].isdigit() else 0
+    start = _PORT_BASE + slot * _PORT_BLOCK
+    return range(start, start + _PORT_BLOCK)
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on and that no other test worker hands out.
+
+    Ports come round-robin from this worker's block (starting at a point set by the pid, so two
+    processes of one worker rarely meet), so a port just handed out is not handed out again soon."""
+    block = _port_block()
+    if not _next_port:
+        _next_port.append(os.getpid() * 7919 % len(block))
+    for _ in range(len(block)):
+        port = block[_next_port[0] % len(block)]
+        _next_port[0] += 1
+        if _bindable(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # the whole block is busy
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
