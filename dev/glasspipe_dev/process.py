@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
-
 # Ports handed out below the kernel's ephemeral range, a block per pytest-xdist worker: a port from
 # bind(0) is ephemeral, so another worker's bind(0) or any outgoing connection (a Kafka client's) could
 # take it between our close and the server's bind (seen: a driver's metrics port, EADDRINUSE).
