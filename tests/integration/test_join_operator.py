@@ -102,7 +102,7 @@ def test_an_inner_join_matches_at_the_windows_bounds_and_evicts_past_them(spark:
                             ("a", "joined", "la2", "ra-61s"), ("b", "joined", "lb", "rb")]
         s.wait_state_rows(3)  # a, b, c
         # Event time jumps to 10:00: watermark 09:50, past every window above (at most 02:01) and the grid step
-        # (15 s) after it: all their keys go, z stays.
+        # (30 s) after it: all their keys go, z stays.
         s.step([("z", L, t("10:00"), "lz")])
         s.wait_state_rows(1)
         # a late right row of a passes through flagged and touches no state; z's right row matches
@@ -124,5 +124,36 @@ def test_an_inner_joins_buckets_resume_from_the_checkpoint(spark: Any, tmp_path:
         s.step([(f"k{i}", R, t("00:30"), f"r{i}") for i in range(0, 50, 2)])
         assert s.rows() == sorted((f"k{i}", "joined", f"l{i}", f"r{i}") for i in range(0, 50, 2))
         s.wait_state_rows(50)
+    finally:
+        s.stop()
+
+
+def keys_in_one_bucket(spark: Any) -> tuple[str, str]:
+    """Two keys that share a bucket of the join (``pmod(hash(k), 1024)``, as KeyBuckets groups them)."""
+    seen: dict[int, str] = {}
+    for row in spark.range(3000).selectExpr("concat('k', id) AS k", "pmod(hash(concat('k', id)), 1024) AS b").collect():
+        if row.b in seen:
+            return seen[row.b], row.k
+        seen[row.b] = row.k
+    raise AssertionError("3 000 keys in 1 024 buckets without two in one")
+
+
+def test_a_bucket_timer_evicts_the_keys_that_are_due_and_keeps_the_others_whole(spark: Any, tmp_path: Path) -> None:
+    """A bucket's timer evicts the keys whose window has passed; the other key of the bucket keeps its rows,
+    matches after the timer fired, and goes when the timer set for it fires."""
+    old, new = keys_in_one_bucket(spark)
+    s = JoinStream(spark, tmp_path)
+    s.start()
+    try:
+        s.step([(old, L, t("00:00"), "lo")])
+        # watermark 01:35: past old's window (01:00) and the bucket's grid point after it (a half window, 30 s, at
+        # most 01:30), not new's (02:45)
+        s.step([(new, L, t("01:45"), "ln")])
+        s.wait_state_rows(1)
+        s.step([(new, R, t("02:10"), "rn"), (old, R, t("01:40"), "ro")])  # ro: its left row has gone
+        assert s.rows() == [(new, "joined", "ln", "rn")]
+        s.wait_state_rows(2)  # new, and old again with ro only
+        s.step([("z", L, t("10:00"), "lz")])
+        s.wait_state_rows(1)
     finally:
         s.stop()

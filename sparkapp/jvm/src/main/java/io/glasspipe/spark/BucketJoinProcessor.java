@@ -23,7 +23,7 @@ import scala.collection.Iterator;
  * instead of one a key ({@link KeyBuckets}: why, and the timer's grid), as {@link BucketDedupProcessor} has.
  *
  * <p>A bucket keeps its keys in a map state (key to each side's rows inside their window) and one timer, on a grid
- * of a quarter window at or after the earliest expiry of its rows, offset by the bucket's number. When it fires, the
+ * of half a window at or after the earliest expiry of its rows, offset by the bucket's number. When it fires, the
  * bucket's keys are read, rows whose window the watermark has passed go, keys left with none go, and the timer is
  * set again for the earliest left. A key's fresh rows also drop its expired ones when its state is written anyway.
  *
@@ -39,6 +39,13 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
   private final int[] keyIndexes;
   private final StructType keySchema;
   private final StructType stateSchema;
+  /**
+   * The timer grid: half a window. The timers read a key about twice in its life instead of four times on a
+   * quarter-window grid, and their time a batch halves; a row stays up to half a window past its window instead of
+   * a quarter (docs/benchmarks.md, "An inner join's timers on a half-window grid").
+   */
+  static final int GRID_PARTS = 2;
+
   private final long gridMs;
   private transient MapState<Row, Row> stored;
 
@@ -47,7 +54,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
     this.stateSchema = stateSchema;
-    this.gridMs = KeyBuckets.gridMs(pairing.windowMs());
+    this.gridMs = KeyBuckets.gridMs(pairing.windowMs(), GRID_PARTS);
   }
 
   @Override

@@ -20,13 +20,13 @@ import org.apache.spark.sql.types.StructType;
  * timer a key, once keys expire each micro-batch steps over all keys expired since the last compaction
  * (docs/benchmarks.md, "Timers a bucket"). A bucket's timer sits on a grid of a fraction of the window at or after
  * the earliest expiry of its keys, each bucket's grid offset by its number, so the buckets' timers fire spread over
- * a grid step, and a key is read about {@link #GRID_PARTS} times in its life.
+ * a grid step. A key is read about {@code parts} times in its life (one more while its timer waits for the grid), for
+ * a grid of {@code window / parts}: fewer parts read keys less often and keep them up to a longer step past their
+ * window.
  */
 final class KeyBuckets {
   /** Buckets of the key space; part of the state's layout (the state plans in runner.py and join.py name it). */
   static final int BUCKETS = 1024;
-  /** The timer grid is the window divided by this. */
-  static final int GRID_PARTS = 4;
 
   private KeyBuckets() {}
 
@@ -37,9 +37,9 @@ final class KeyBuckets {
     return df.groupBy(bucket).as(Encoders.row(bucketSchema), Encoders.row(df.schema()));
   }
 
-  /** The grid step for a window: a fraction of it, at least 1 ms. */
-  static long gridMs(long windowMs) {
-    return Math.max(1L, windowMs / GRID_PARTS);
+  /** The grid step for a window: {@code 1 / parts} of it, at least 1 ms. */
+  static long gridMs(long windowMs, int parts) {
+    return Math.max(1L, windowMs / parts);
   }
 
   /** A row's key: its key columns' values, the map state's key. */
