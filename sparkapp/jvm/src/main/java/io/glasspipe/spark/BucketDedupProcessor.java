@@ -42,15 +42,15 @@ import scala.jdk.javaapi.CollectionConverters;
 public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
 
-  private final int[] keyIndexes;
-  private final StructType keySchema;
-  private final FirstOccurrence rule;
   /**
    * The timer grid: a quarter window. A key is read about four times in its life and kept up to a quarter window
    * past it: dedup windows are long (days) and its keys many, so the extra state counts more than the reads.
    */
   static final int GRID_PARTS = 4;
 
+  private final int[] keyIndexes;
+  private final StructType keySchema;
+  private final FirstOccurrence rule;
   private final long gridMs;
   private transient MapState<Row, Tuple2<Long, Integer>> firstSeen;
 

@@ -35,10 +35,6 @@ import scala.collection.Iterator;
 public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
 
-  private final JoinPairing pairing;
-  private final int[] keyIndexes;
-  private final StructType keySchema;
-  private final StructType stateSchema;
   /**
    * The timer grid: half a window. The timers read a key about twice in its life instead of four times on a
    * quarter-window grid, and their time a batch halves; a row stays up to half a window past its window instead of
@@ -46,6 +42,10 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
    */
   static final int GRID_PARTS = 2;
 
+  private final JoinPairing pairing;
+  private final int[] keyIndexes;
+  private final StructType keySchema;
+  private final StructType stateSchema;
   private final long gridMs;
   private transient MapState<Row, Row> stored;
 
