@@ -119,13 +119,26 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
         log.info("source %s: at most %d records per micro-batch (driver max heap %d MiB; set "
                  "kafka.maxOffsetsPerTrigger to change it)", source.name, bound, driver_heap >> 20)
     reader = reader.option("maxOffsetsPerTrigger", str(bound))
-    # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py): no partition holds
-    # more than an eighth of the batch, however few Kafka partitions the records come from. Deduplication per
-    # Kafka partition needs each partition's range in one task instead: the driver then receives a Kafka
-    # partition's range at a time (docs/operations.md, Catching up).
-    if not per_kafka_partition(source):
+    # The sink takes a batch to the driver one Spark partition at a time (batch_writer.py). Without a shuffle,
+    # those are the read's partitions: none holds more than an eighth of the batch, however few Kafka partitions
+    # the records come from. After one (a join, Spark's deduplication) they are the spark.shufflePartitions
+    # partitions whatever the read's split, so a Kafka range is read whole, in at least as many tasks as those
+    # partitions: each split was a task more with its fixed costs (a join delivered 10-15 % more pairs without
+    # them, docs/benchmarks.md). Deduplication per Kafka partition needs each partition's range in one task: the
+    # driver then receives a Kafka partition's range at a time (docs/operations.md, Catching up).
+    if shuffled_by_key(config, source):
+        reader = reader.option("minPartitions", str(config.spec.spark.shuffle_partitions))
+    elif not per_kafka_partition(source):
         reader = reader.option("maxRecordsPerPartition", str(models.records_per_partition(bound)))
     return reader.load()
+
+
+def shuffled_by_key(config: JobConfig, source: models.Source) -> bool:
+    """Whether the source's rows are hashed by key into spark.shufflePartitions partitions on their way to the sink:
+    a join's sides (deduplicated or not), and a source deduplicated by Spark's engine (not per Kafka partition)."""
+    if config.spec.join is not None:
+        return True
+    return source.deduplication is not None and not per_kafka_partition(source)
 
 
 def per_kafka_partition(source: models.Source) -> bool:

@@ -1,0 +1,93 @@
+"""How the job's Kafka read cuts a micro-batch into Spark tasks (transform.read_kafka), on a real Kafka and Spark.
+
+A pipeline whose rows reach the sink without a shuffle is read in parts of at most an eighth of its batch bound:
+those parts are what the driver holds at once. A join or Spark's deduplication hashes the rows into
+spark.shufflePartitions partitions, which are what reaches the driver, so there a Kafka range is read whole and
+only a topic with fewer partitions than that is split (each split is one more task and its fixed costs).
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import load_example, produce
+from glasspipe_job.config import JobConfig, config_from_resource, load_job_config
+
+pytestmark = pytest.mark.integration
+
+RECORDS = 800
+BOUND = 800  # kafka.maxOffsetsPerTrigger: one batch; an eighth is 100
+
+
+def _config(example: str, source: str, bootstrap: str, topic: str, dedup: bool = True) -> JobConfig:
+    doc = load_example(example)
+    for s in doc["spec"]["sources"]:
+        s["kafka"].update(bootstrapServers=bootstrap, maxOffsetsPerTrigger=BOUND)
+        if s["name"] == source:
+            s["kafka"]["topic"] = topic
+            if not dedup:
+                s.pop("deduplication", None)
+    return load_job_config(config_from_resource(doc, 0, 1))
+
+
+def _rows_per_task(spark: Any, config: JobConfig, source: str, checkpoint: Path) -> list[int]:
+    """The rows of each Spark partition of the source's first micro-batch, as read_kafka reads it."""
+    from pyspark.sql import functions as F
+
+    from glasspipe_job.transform import read_kafka
+
+    counts: list[int] = []
+
+    def batch(df: Any, _batch_id: int) -> None:
+        rows = df.groupBy(F.spark_partition_id().alias("p")).count().collect()
+        counts.extend(sorted(r["count"] for r in rows))
+
+    raw = read_kafka(spark, config, config.spec.source(source), None, None, 1 << 30)
+    query = (raw.writeStream.foreachBatch(batch).trigger(availableNow=True)
+             .option("checkpointLocation", str(checkpoint)).start())
+    query.awaitTermination(120)
+    assert not query.isActive, "the query did not finish its one batch"
+    return counts
+
+
+@pytest.fixture(scope="module")
+def topics(kafka: KafkaServer) -> dict[int, str]:
+    """A topic of one partition and one of four, RECORDS records each (keyed, spread evenly over the four)."""
+    names = {}
+    for partitions in (1, 4):
+        name = f"split-{partitions}-{uuid.uuid4().hex[:8]}"
+        kafka.create_topic(name, partitions)
+        produce(kafka.bootstrap, name, [(f"{i}".encode(), b'{"sms_id":"x"}') for i in range(RECORDS)],
+                partition_of=lambda key, n=partitions: int(key) % n)
+        names[partitions] = name
+    return names
+
+
+def test_a_pipeline_without_a_shuffle_reads_a_range_in_eighths_of_its_bound(
+    spark: Any, kafka: KafkaServer, topics: dict[int, str], tmp_path: Path
+) -> None:
+    config = _config("sms-dedup.yaml", "sms", kafka.bootstrap, topics[1], dedup=False)
+    assert _rows_per_task(spark, config, "sms", tmp_path) == [100] * 8
+
+
+def test_deduplication_reads_a_range_whole_and_splits_only_below_the_shuffle_partitions(
+    spark: Any, kafka: KafkaServer, topics: dict[int, str], tmp_path: Path
+) -> None:
+    one = _config("sms-dedup.yaml", "sms", kafka.bootstrap, topics[1])
+    assert one.spec.spark.shuffle_partitions == 2
+    assert _rows_per_task(spark, one, "sms", tmp_path / "one") == [400, 400]
+    four = _config("sms-dedup.yaml", "sms", kafka.bootstrap, topics[4])
+    assert _rows_per_task(spark, four, "sms", tmp_path / "four") == [200] * 4
+
+
+def test_a_join_side_without_deduplication_reads_a_range_whole(
+    spark: Any, kafka: KafkaServer, topics: dict[int, str], tmp_path: Path
+) -> None:
+    config = _config("orders-users-join.yaml", "orders", kafka.bootstrap, topics[4])
+    assert config.spec.source("orders").deduplication is None
+    assert _rows_per_task(spark, config, "orders", tmp_path) == [200] * 4
