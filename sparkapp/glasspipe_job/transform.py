@@ -123,7 +123,7 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
     # those are the read's partitions: none holds more than an eighth of the batch, however few Kafka partitions
     # the records come from. After one (a join, Spark's deduplication) they are the spark.shufflePartitions
     # partitions whatever the read's split, so a Kafka range is read whole, in at least as many tasks as those
-    # partitions: each split was a task more with its fixed costs (a join delivered 10-15 % more pairs without
+    # partitions: each split was a task more with its fixed costs (a join delivered 8-18 % more pairs without
     # them, docs/benchmarks.md). Deduplication per Kafka partition needs each partition's range in one task: the
     # driver then receives a Kafka partition's range at a time (docs/operations.md, Catching up).
     if shuffled_by_key(config, source):

@@ -115,9 +115,8 @@ def test_the_kafka_readers_pool_lets_go_of_a_split_batchs_records(
     """Issue #15: a batch whose Kafka ranges are split (maxRecordsPerPartition, a bounded batch's eighth, in a
     pipeline without a shuffle) leaves a poll's records (up to kafka.max.poll.records) in Spark's pool of fetched
     data for each range, and Spark keeps an idle entry 5 minutes, with no bound: catching up, a join's driver (its
-    ranges were split then too) ran out of heap. The job's settings
-    (contract.REQUIRED_SPARK_CONF) let the pool evict an idle entry after seconds; with Spark's defaults this
-    run's entries would all still be held."""
+    ranges were split then too) ran out of heap. The job's settings (contract.REQUIRED_SPARK_CONF) let the pool
+    evict an idle entry after seconds; with Spark's defaults this run's entries would all still be held."""
     suffix = uuid.uuid4().hex[:8]
     topic = f"pool-{suffix}"
     kafka.create_topic(topic, 2)
