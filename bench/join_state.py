@@ -43,8 +43,11 @@ from glasspipe_dev.kafka import KafkaServer  # noqa: E402
 from glasspipe_dev.pipelines import load_example  # noqa: E402
 
 
-def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float, produced: Any) -> None:
-    """Produce ``rate`` pairs per second in 50 ms ticks; event time = the tick's wall clock."""
+def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float, produced: Any,
+             partitions: int = 1, hot_share: float | None = None) -> None:
+    """Produce ``rate`` pairs per second in 50 ms ticks; event time = the tick's wall clock. Records go to the
+    partition of their key, or with ``hot_share`` that share of them to partition 0 and the rest evenly to the
+    others (a skewed topic)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
@@ -53,6 +56,7 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
     per_tick = max(1, int(rate * tick))
     start = time.monotonic()
     k = 0
+    hot = -1 if hot_share is None else round(hot_share * 100)
     while time.monotonic() - start < seconds:
         due = start + (k // per_tick) * tick
         if (delay := due - time.monotonic()) > 0:
@@ -61,12 +65,13 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
         for _ in range(per_tick):
             uid = f"u{k}"
             key = uid.encode()
+            part = -1 if hot < 0 else 0 if k % 100 < hot else 1 + k % max(partitions - 1, 1)
             while True:
                 try:
                     p.produce(users, key=key, value=(f'{{"user_id":"{uid}","country":"c{k % 50}","plan":"pro",'
-                                                     f'"updated_at":"{now}"}}').encode())
+                                                     f'"updated_at":"{now}"}}').encode(), partition=part)
                     p.produce(orders, key=key, value=(f'{{"order_id":"o{k}","user_id":"{uid}","amount":{k % 1000},'
-                                                      f'"created_at":"{now}"}}').encode())
+                                                      f'"created_at":"{now}"}}').encode(), partition=part)
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -105,6 +110,8 @@ def main() -> None:
     ap.add_argument("--window", default="30s")
     ap.add_argument("--lateness", default="5s")
     ap.add_argument("--partitions", type=int, default=2)
+    ap.add_argument("--hot-share", type=float, help="share of the records on partition 0 (a skewed topic; the "
+                    "rest evenly on the others); default: each on its key's partition")
     ap.add_argument("--trigger", default="1s", help="batching.maxDelay (micro-batch interval)")
     ap.add_argument("--max-per-trigger", type=int, default=30_000,
                     help="maxOffsetsPerTrigger per source (bounds a micro-batch; 0: unbounded)")
@@ -147,7 +154,8 @@ def main() -> None:
         spark = local_session("glasspipe-bench-join", config.spark_conf)
         running = start_pipeline(spark, config)
         produced = mp.Value("q", 0)
-        gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced))
+        gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced,
+                                                     args.partitions, args.hot_share))
         started = time.monotonic()
         gen.start()
         client = ch.client()

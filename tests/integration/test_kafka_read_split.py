@@ -3,7 +3,8 @@
 A pipeline whose rows reach the sink without a shuffle is read in parts of at most an eighth of its batch bound:
 those parts are what the driver holds at once. A join or Spark's deduplication hashes the rows into
 spark.shufflePartitions partitions, which are what reaches the driver, so there a Kafka range is read whole and
-only a topic with fewer partitions than that is split (each split is one more task and its fixed costs).
+only a topic with fewer partitions than that, or a hot partition's range, is split (each split is one more task
+and its fixed costs).
 """
 
 from __future__ import annotations
@@ -91,3 +92,16 @@ def test_a_join_side_without_deduplication_reads_a_range_whole(
     config = _config("orders-users-join.yaml", "orders", kafka.bootstrap, topics[4])
     assert config.spec.source("orders").deduplication is None
     assert _rows_per_task(spark, config, "orders", tmp_path) == [200] * 4
+
+
+def test_a_hot_partitions_range_is_split_so_that_both_cores_read_it(
+    spark: Any, kafka: KafkaServer, tmp_path: Path
+) -> None:
+    """720 of the batch's 800 records on one of two partitions: more than one and a half shares (600) of a full
+    batch for 2 shuffle partitions, so that range is read by two tasks; the other stays whole."""
+    topic = f"split-hot-{uuid.uuid4().hex[:8]}"
+    kafka.create_topic(topic, 2)
+    produce(kafka.bootstrap, topic, [(f"{i}".encode(), b'{"sms_id":"x"}') for i in range(RECORDS)],
+            partition_of=lambda key: 0 if int(key) % 10 < 9 else 1)
+    config = _config("sms-dedup.yaml", "sms", kafka.bootstrap, topic)
+    assert _rows_per_task(spark, config, "sms", tmp_path) == [80, 360, 360]

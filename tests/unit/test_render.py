@@ -108,6 +108,15 @@ def test_derived_micro_batch_bound_follows_the_driver_heap() -> None:
     assert records_per_partition(7) == 1
 
 
+def test_a_shuffled_sources_read_splits_only_ranges_over_one_and_a_half_shares_of_a_batch() -> None:
+    from glasspipe.api.models import records_per_shuffled_read_task
+
+    assert records_per_shuffled_read_task(30_000, 2) == 22_500  # two even partitions of 15 000 stay whole
+    assert records_per_shuffled_read_task(800, 2) == 600
+    assert records_per_shuffled_read_task(131_072, 4) == 49_152
+    assert records_per_shuffled_read_task(1, 8) == 1
+
+
 def test_the_image_python_is_set_so_no_submitter_environment_reaches_the_driver(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """spark-submit puts spark.pyspark.(driver.)python into the driver pod's PYSPARK_(DRIVER_)PYTHON, and
