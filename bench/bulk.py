@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,12 @@ def pipeline(tmp: Path, topic: str, name: str, max_rows: int, max_offsets: int,
              spark_conf: dict[str, str]) -> Path:
     return sms_dedup_pipeline(tmp, name, topic, max_offsets=max_offsets, max_rows=max_rows, seq_field=True,
                               spark_conf=spark_conf)
+
+
+def hot_partition(key: bytes, share: float) -> int:
+    """Partition 0 for ``share`` of the keys, the others spread over partitions 1-3 (the same key: the same)."""
+    h = zlib.crc32(key)
+    return 0 if h % 1000 < share * 1000 else 1 + h // 1000 % 3
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str], dict[str, str]]:
@@ -185,6 +193,8 @@ def main() -> int:
     p.add_argument("--profile", help="directory for py-spy's collapsed stacks of each run")
     p.add_argument("--jfr", help="directory for Java Flight Recordings of each run (JVM profile; read with "
                    "bench/profile_summary.py)")
+    p.add_argument("--hot-share", type=float, help="share of the keys on partition 0, the rest evenly on the "
+                   "other 3 (a skewed topic); default: Kafka's hashing of the key")
     args = p.parse_args()
     become_subreaper()
     with (tempfile.TemporaryDirectory(prefix="gp-bulk-") as d, KafkaServer(long_running=True) as kafka,
@@ -195,8 +205,10 @@ def main() -> int:
         kafka.create_topic(f"{topic}-dlq", 1)
         events, firsts = make_events(args.events, 10_000)
         t = time.monotonic()
-        produce(kafka.bootstrap, topic, events)
-        print(f"produced {args.events} events ({args.events - firsts} repeats) to 4 partitions in "
+        produce(kafka.bootstrap, topic, events, partition_of=None if args.hot_share is None else
+                functools.partial(hot_partition, share=args.hot_share))
+        print(f"produced {args.events} events ({args.events - firsts} repeats) to 4 partitions"
+              f"{'' if args.hot_share is None else f' ({args.hot_share:.0%} on partition 0)'} in "
               f"{time.monotonic() - t:.1f} s; machine: {os.cpu_count()} cores", flush=True)
         variants: list[tuple[str, Path, dict[str, str], dict[str, str]]] = [("this", REPO, {}, {})]
         if args.baseline:
