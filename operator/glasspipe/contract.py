@@ -203,7 +203,7 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
     # Spark's Kafka reader keeps each poll's records (kafka.max.poll.records, glasspipe's 10 000: a whole fetch) in
     # a pool, for a task that starts where that poll's task stopped. An entry no task takes again waits out the idle
     # timeout, Spark's default 5 minutes, and the pool has no bound. A batch split into ranges
-    # (maxRecordsPerPartition, a pipeline without a shuffle; a join's ranges were split too until 2026-11-29)
+    # (maxRecordsPerPartition: a pipeline without a shuffle, or a hot partition's range in one with a shuffle)
     # leaves one such entry per range: catching up at 20 000 pairs/s, a join's driver held
     # 6.4 M records in it after 3.5 minutes and ran out of heap (docs/benchmarks.md). A few seconds keep the entry
     # a next batch takes; one evicted early costs that batch one poll.

@@ -124,14 +124,15 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
     # the records come from. After one (a join, Spark's deduplication) they are the spark.shufflePartitions
     # partitions whatever the read's split, so a Kafka range is read whole, in at least as many tasks as those
     # partitions: each split was a task more with its fixed costs (a join delivered 8-18 % more pairs without
-    # them, docs/benchmarks.md). Only a hot partition's range, over one and a half shares of a full batch, is
-    # split, so that it is not one task while the other cores wait. Deduplication per Kafka partition needs each
-    # partition's range in one task: the driver then receives a Kafka partition's range at a time
+    # them, docs/benchmarks.md). Only a hot partition's range, over a share of a full batch (all sources) and a
+    # tenth, is split, so that it is not one task while the other cores wait. Deduplication per Kafka partition
+    # needs each partition's range in one task: the driver then receives a Kafka partition's range at a time
     # (docs/operations.md, Catching up).
     if shuffled_by_key(config, source):
         partitions = config.spec.spark.shuffle_partitions
+        batch = sum(batch_bound(config, s, driver_heap) for s in config.spec.sources)
         reader = reader.option("minPartitions", str(partitions)).option(
-            "maxRecordsPerPartition", str(models.records_per_shuffled_read_task(bound, partitions)))
+            "maxRecordsPerPartition", str(models.records_per_shuffled_read_task(batch, partitions)))
     elif not per_kafka_partition(source):
         reader = reader.option("maxRecordsPerPartition", str(models.records_per_partition(bound)))
     return reader.load()

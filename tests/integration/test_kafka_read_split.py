@@ -25,8 +25,11 @@ RECORDS = 800
 BOUND = 800  # kafka.maxOffsetsPerTrigger: one batch; an eighth is 100
 
 
-def _config(example: str, source: str, bootstrap: str, topic: str, dedup: bool = True) -> JobConfig:
+def _config(example: str, source: str, bootstrap: str, topic: str, dedup: bool = True,
+            shuffle_partitions: int | None = None) -> JobConfig:
     doc = load_example(example)
+    if shuffle_partitions is not None:
+        doc["spec"].setdefault("spark", {})["shufflePartitions"] = shuffle_partitions
     for s in doc["spec"]["sources"]:
         s["kafka"].update(bootstrapServers=bootstrap, maxOffsetsPerTrigger=BOUND)
         if s["name"] == source:
@@ -86,6 +89,16 @@ def test_deduplication_reads_a_range_whole_and_splits_only_below_the_shuffle_par
     assert _rows_per_task(spark, four, "sms", tmp_path / "four") == [200] * 4
 
 
+def test_a_whole_batch_on_one_partition_is_read_by_as_many_tasks_as_shuffle_partitions(
+    spark: Any, kafka: KafkaServer, topics: dict[int, str], tmp_path: Path
+) -> None:
+    """4 shuffle partitions: the range of 800 is over a share and a tenth (220), so it is split into 4 parts, not
+    into 3 that Spark's minPartitions would round to 3 tasks."""
+    config = _config("sms-dedup.yaml", "sms", kafka.bootstrap, topics[1], shuffle_partitions=4)
+    assert config.spec.spark.shuffle_partitions == 4
+    assert _rows_per_task(spark, config, "sms", tmp_path) == [200] * 4
+
+
 def test_a_join_side_without_deduplication_reads_a_range_whole(
     spark: Any, kafka: KafkaServer, topics: dict[int, str], tmp_path: Path
 ) -> None:
@@ -97,8 +110,8 @@ def test_a_join_side_without_deduplication_reads_a_range_whole(
 def test_a_hot_partitions_range_is_split_so_that_both_cores_read_it(
     spark: Any, kafka: KafkaServer, tmp_path: Path
 ) -> None:
-    """720 of the batch's 800 records on one of two partitions: more than one and a half shares (600) of a full
-    batch for 2 shuffle partitions, so that range is read by two tasks; the other stays whole."""
+    """720 of the batch's 800 records on one of two partitions: more than a share of a full batch for 2 shuffle
+    partitions and a tenth (440), so that range is read by two tasks; the other stays whole."""
     topic = f"split-hot-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 2)
     produce(kafka.bootstrap, topic, [(f"{i}".encode(), b'{"sms_id":"x"}') for i in range(RECORDS)],

@@ -108,12 +108,13 @@ def test_derived_micro_batch_bound_follows_the_driver_heap() -> None:
     assert records_per_partition(7) == 1
 
 
-def test_a_shuffled_sources_read_splits_only_ranges_over_one_and_a_half_shares_of_a_batch() -> None:
+def test_a_shuffled_sources_read_splits_only_ranges_over_a_share_of_a_batch_and_a_tenth() -> None:
     from glasspipe.api.models import records_per_shuffled_read_task
 
-    assert records_per_shuffled_read_task(30_000, 2) == 22_500  # two even partitions of 15 000 stay whole
-    assert records_per_shuffled_read_task(800, 2) == 600
-    assert records_per_shuffled_read_task(131_072, 4) == 49_152
+    assert records_per_shuffled_read_task(30_000, 2) == 16_500  # two even partitions of ~15 000 stay whole
+    assert records_per_shuffled_read_task(2 * 30_000, 2) == 33_000  # a join's two sources: a range of 30 000 too
+    assert records_per_shuffled_read_task(800, 2) == 440
+    assert records_per_shuffled_read_task(131_072, 4) == 36_045  # a whole batch on one partition: 4 tasks
     assert records_per_shuffled_read_task(1, 8) == 1
 
 

@@ -171,12 +171,14 @@ def records_per_partition(max_offsets_per_trigger: int) -> int:
     return max(1, -(-max_offsets_per_trigger // SPLITS_PER_BATCH))
 
 
-def records_per_shuffled_read_task(max_offsets_per_trigger: int, shuffle_partitions: int) -> int:
+def records_per_shuffled_read_task(batch_records: int, shuffle_partitions: int) -> int:
     """Spark's ``maxRecordsPerPartition`` for a source whose rows are hashed by key after the read (a join,
-    Spark's deduplication): one and a half times a shuffle partition's share of a full batch. An even topic's
-    ranges stay whole (a split is a task more); a hot Kafka partition's range is split, so that both cores read
-    it instead of one while the other waits."""
-    return max(1, -(-3 * max_offsets_per_trigger // (2 * max(shuffle_partitions, 1))))
+    Spark's deduplication): a shuffle partition's share of a full batch (``batch_records``, all sources' bounds)
+    and a tenth. An even topic's ranges stay whole (a split is a task more); a hot Kafka partition's range is
+    split, so that the other cores read it too instead of waiting. The tenth is slack for an even topic's ranges,
+    never quite equal; more would leave a whole batch on one partition in fewer tasks than shuffle partitions
+    (Spark's minPartitions rounds 3 equal ranges to 3 tasks for 4 partitions, for example)."""
+    return max(1, -(-11 * batch_records // (10 * max(shuffle_partitions, 1))))
 
 
 class KafkaSource(ApiModel):
