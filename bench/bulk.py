@@ -196,6 +196,8 @@ def main() -> int:
     p.add_argument("--hot-share", type=float, help="share of the keys on partition 0, the rest evenly on the "
                    "other 3 (a skewed topic); default: Kafka's hashing of the key")
     args = p.parse_args()
+    if args.hot_share is not None and not 0 <= args.hot_share <= 1:
+        p.error("--hot-share takes a share from 0 to 1")
     become_subreaper()
     with (tempfile.TemporaryDirectory(prefix="gp-bulk-") as d, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):

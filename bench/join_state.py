@@ -118,6 +118,8 @@ def main() -> None:
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Spark setting (spec.spark.conf), e.g. spark.sql.streaming.join.stateFormatVersion=4")
     args = ap.parse_args()
+    if args.hot_share is not None and (args.partitions < 2 or not 0 <= args.hot_share <= 1):
+        ap.error("--hot-share takes a share from 0 to 1 and needs --partitions 2 or more")
 
     from glasspipe_job.config import config_from_resource, load_job_config
     from glasspipe_job.metrics import offsets_behind
@@ -155,7 +157,7 @@ def main() -> None:
         running = start_pipeline(spark, config)
         produced = mp.Value("q", 0)
         gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced,
-                                                     args.partitions, args.hot_share))
+                                                args.partitions, args.hot_share))
         started = time.monotonic()
         gen.start()
         client = ch.client()
