@@ -30,6 +30,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from summary_stats import percentile
+
 PROGRESS_EVENT = "QueryProgressEvent"
 
 
@@ -83,13 +85,13 @@ def batch_breakdowns(events: Iterable[dict[str, Any]], from_batch: int = 0) -> l
         elif kind.endswith(PROGRESS_EVENT):
             p = e["progress"]
             progress[p["batchId"]] = p
-    by_batch: dict[int, list[_Job]] = defaultdict(list)
+    by_batch: dict[int, list[tuple[int, int, list[int]]]] = defaultdict(list)  # (start, end, stage ids)
     for job in jobs.values():
         if job.batch is not None and job.end is not None:
-            by_batch[job.batch].append(job)
+            by_batch[job.batch].append((job.start, job.end, job.stages))
     out = []
     for batch, p in sorted(progress.items()):
-        ran = sorted(by_batch.get(batch, []), key=lambda j: j.start)
+        ran = sorted(by_batch.get(batch, []))
         if batch < from_batch or not ran:
             continue
         durations = p.get("durationMs") or {}
@@ -97,22 +99,22 @@ def batch_breakdowns(events: Iterable[dict[str, Any]], from_batch: int = 0) -> l
         total = float(durations.get("triggerExecution", 0))
         before_add = sum(float(durations.get(k, 0)) for k in ("latestOffset", "getBatch", "walCommit",
                                                              "queryPlanning"))
-        to_job = ran[0].start - start
+        to_job = ran[0][0] - start
         row = {"trigger": total, "to first job": to_job, "of it before addBatch": before_add,
                "of it in addBatch": to_job - before_add, "jobs": float(len(ran)),
-               "jobs' wall": float(sum((j.end or j.start) - j.start for j in ran)),
-               "after last job": start + total - max(j.end or j.start for j in ran),
+               "jobs' wall": float(sum(end - begin for begin, end, _ in ran)),
+               "after last job": start + total - max(end for _, end, _ in ran),
                "addBatch": float(durations.get("addBatch", 0))}
-        done = [stages[s] for j in ran for s in sorted(j.stages)
-                if s in stages and stages[s].submitted is not None and stages[s].completed is not None]
-        for i, stage in enumerate(done):
+        done = [(stages[s], submitted, completed) for _, _, ids in ran for s in sorted(ids)
+                if s in stages and (submitted := stages[s].submitted) is not None
+                and (completed := stages[s].completed) is not None]
+        for i, (stage, submitted, completed) in enumerate(done):
             row[f"stage {i}: tasks"] = float(stage.tasks)
-            row[f"stage {i}: wall"] = float((stage.completed or 0) - (stage.submitted or 0))
+            row[f"stage {i}: wall"] = float(completed - submitted)
             row[f"stage {i}: tasks' run"] = float(sum(stage.run_ms))
             row[f"stage {i}: tasks' CPU"] = sum(stage.cpu_ms)
             row[f"stage {i}: deserialising"] = float(sum(stage.deserialize_ms))
-            row[f"stage {i}: to first task"] = float(min(stage.launched) - (stage.submitted or 0)
-                                                     if stage.launched else 0)
+            row[f"stage {i}: to first task"] = float(min(stage.launched) - submitted if stage.launched else 0)
         out.append(row)
     return out
 
@@ -162,9 +164,9 @@ def print_medians(rows: list[dict[str, float]]) -> None:
     print(f"{len(rows)} batches with a Spark job; milliseconds, tasks' times summed over a stage's tasks")
     print(f"{'':28s} {'median':>8s} {'mean':>8s} {'p90':>8s}")
     for key in rows[0]:
-        values = sorted(r.get(key, 0.0) for r in rows)
-        p90 = values[min(len(values) - 1, int(len(values) * 0.9))]
-        print(f"{key:28s} {statistics.median(values):8.1f} {statistics.fmean(values):8.1f} {p90:8.1f}")
+        values = [r.get(key, 0.0) for r in rows]
+        print(f"{key:28s} {statistics.median(values):8.1f} {statistics.fmean(values):8.1f} "
+              f"{percentile(values, 0.9):8.1f}")
 
 
 def main() -> int:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from profile_summary import STACK_DEPTH
+from summary_stats import percentile
 from thread_cpu import CpuWindow, descendants
 from workload import LINGER_MS, Workload, produce_plan
 
@@ -199,11 +200,6 @@ def by_minute(sent: list[float], latencies: list[float]) -> dict[int, tuple[floa
     for t, lat in zip(sent, latencies, strict=True):
         groups.setdefault(int((t - t0) // 60), []).append(lat)
     return {m: (percentile(v, 0.5), percentile(v, 0.95), percentile(v, 0.99)) for m, v in sorted(groups.items())}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 PROGRESS = re.compile(r"progress of batch (\d+): (\d+) input rows, durations ms (\{.*\})")
