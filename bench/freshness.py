@@ -242,6 +242,15 @@ def wait_for_rows(poller: Poller, rows: int, job: ServerProcess, timeout: float)
         time.sleep(0.2)
 
 
+def require_alive(job: ServerProcess, poller: Poller, when: str) -> None:
+    """Stop the run with the job's own error when it has exited: its log goes with the run's scratch folder. The
+    poller stops first, so that it does not poll a ClickHouse being shut down."""
+    if not job.alive():
+        poller.stop.set()
+        poller.join()
+        raise SystemExit(f"the pipeline exited {when}; the end of its log {job.log_path}:\n{job.log_tail()}")
+
+
 def last_batch(log: Path) -> int:
     return max((b for b, _, _ in batch_progress(log)), default=-1)
 
@@ -323,6 +332,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.start()
         while poller.rows < workload.firsts - (len(plan) - plan.repeats) and job.alive():
             time.sleep(0.2)
+        require_alive(job, poller, "before the warm-up's rows landed")
         first_batch = last_batch(tmp / f"{table}.log") + 1
         pipeline = job.proc.pid if job.proc else None
         with CpuWindow({"pipeline": pipeline, "Kafka": kafka.pid, "ClickHouse": ch.pid}, by_thread="pipeline") as win:
@@ -338,6 +348,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         by_thread = win.threads
         produced_at = time.monotonic()
         wait_for_rows(poller, workload.firsts, job, 120)
+        require_alive(job, poller, "before the measured rows landed")
         drained = time.monotonic() - produced_at
         poller.stop.set()
         poller.join()
