@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -235,11 +236,14 @@ def phases_by_fifth(log: Path, first: int) -> list[tuple[float, float, float]]:
     return out
 
 
-def wait_for_rows(poller: Poller, rows: int, job: ServerProcess, timeout: float) -> None:
-    """Until the poller has seen ``rows`` first occurrences, the job has died or ``timeout`` seconds passed."""
+def wait_for_rows(poller: Poller, rows: int, job: ServerProcess, timeout: float, when: str) -> None:
+    """Until the poller has seen ``rows`` first occurrences or ``timeout`` seconds passed. A job that exits with rows
+    still missing stops the run (``when`` says at which wait); one that exits after they all landed does not."""
     deadline = time.monotonic() + timeout
     while poller.rows < rows and time.monotonic() < deadline and job.alive():
         time.sleep(0.2)
+    if poller.rows < rows:
+        require_alive(job, poller, when)
 
 
 def require_alive(job: ServerProcess, poller: Poller, when: str) -> None:
@@ -330,9 +334,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         plan = workload.plan(int(rate * (settle + seconds)), rate)
         poller = Poller(ch, table, poll)
         poller.start()
-        while poller.rows < workload.firsts - (len(plan) - plan.repeats) and job.alive():
-            time.sleep(0.2)
-        require_alive(job, poller, "before the warm-up's rows landed")
+        wait_for_rows(poller, workload.firsts - (len(plan) - plan.repeats), job, math.inf,
+                      "before the warm-up's rows landed")
         first_batch = last_batch(tmp / f"{table}.log") + 1
         pipeline = job.proc.pid if job.proc else None
         with CpuWindow({"pipeline": pipeline, "Kafka": kafka.pid, "ClickHouse": ch.pid}, by_thread="pipeline") as win:
@@ -347,9 +350,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         cpu = {**win.trees, "bench (producer, poller)": got["cpu"]}
         by_thread = win.threads
         produced_at = time.monotonic()
-        wait_for_rows(poller, workload.firsts, job, 120)
-        if poller.rows < workload.firsts:
-            require_alive(job, poller, "before the measured rows landed")
+        wait_for_rows(poller, workload.firsts, job, 120, "before the measured rows landed")
         drained = time.monotonic() - produced_at
         poller.stop.set()
         poller.join()
