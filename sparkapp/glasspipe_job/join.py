@@ -17,7 +17,7 @@ The plan, per micro-batch (one query, both topics in one offset log):
 - State: per key, each side's records still inside their window, evicted by event-time timers once
   the watermark reaches ``t + window`` (a later record that is not late has ``t' > watermark``, so it
   cannot match). A left join keeps a timer a key and emits a left record that matched nothing at that
-  watermark; an inner join keeps its keys in buckets with a timer a bucket, on a grid of a quarter
+  watermark; an inner join keeps its keys in buckets with a timer a bucket, on a grid of half a
   window, so a record may stay up to a grid step longer, which changes no match. Eviction reads the
   expired keys or buckets only, so a micro-batch's cost does not grow with the state (Spark's
   stream-stream join, which this replaces, scanned its whole state every micro-batch: docs/semantics.md,
