@@ -230,8 +230,15 @@ def main() -> None:
                   f"{max(mems) / 1e6:,.1f} MB; lag at the end {samples[-1]['lag'] if samples else 0:,} records")
         running.query.stop()
         running.close()
-        print(f"produced {produced.value:,} pairs, {total:,} joined rows in ClickHouse "
-              f"({'all' if total == produced.value else 'NOT all'} matched pairs)")
+        # a shortfall with records still to read is a run cut short; one with none left would be a loss
+        left = samples[-1]["lag"] if samples else 0
+        if total == produced.value:
+            landed = "all matched pairs"
+        elif left:
+            landed = f"NOT all matched pairs yet: {left:,} records still to read when the harness stopped waiting"
+        else:
+            landed = "NOT all matched pairs, and no records left to read"
+        print(f"produced {produced.value:,} pairs, {total:,} joined rows in ClickHouse ({landed})")
 
 
 if __name__ == "__main__":
