@@ -53,6 +53,57 @@ JFR_PHASES = [
 ]
 
 
+# A join's task samples (bench/join_state.py): the first of these parts found anywhere on the stack, in this order, so
+# that a sample inside the join's processor counts there and not under the stage below it. Spark runs tasks on threads
+# named "Executor task launch worker ..." while busy and "Executor task idle worker ..." between tasks; JFR may keep
+# either name for a sample.
+JOIN_PARTS = [
+    ("the join's timers", ("JoinProcessor.handleExpiredTimer",)),
+    ("the timers' upkeep", ("KeyBuckets.keepTimerBefore",)),
+    ("the join's input rows", ("JoinProcessor.handleInputRows",)),
+    ("transformWithState around the processor", ("TransformWithStateExec",)),
+    ("Kafka reader", ("kafka010",)),
+    ("JSON parse", ("spark/PlainJson", "spark/AsciiJson", "spark/JsonValues")),
+    ("the rest of the first stage, up to the shuffle write", ("ShuffleWriter",)),
+    ("Arrow for the sink", ("ArrowBatches",)),
+]
+ROW_ENCODING = ("ExpressionEncoder", "SpecificUnsafeProjection", "UnsafeRowWriter")  # rows into and out of UnsafeRow
+
+
+def jfr_stacks(path: Path, event: str) -> list[tuple[str, list[str]]]:
+    """Each ``event`` sample of the recording: its thread's name and its frames, innermost first."""
+    jfr = shutil.which("jfr") or str(Path(sys.prefix).parent / "bin" / "jfr")
+    # jfr print keeps 5 frames of a stack unless told: too few to reach a Spark operator's frame
+    out = subprocess.run([jfr, "print", "--json", "--stack-depth", str(STACK_DEPTH), "--events", event, str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    stacks = []
+    for e in json.loads(out)["recording"]["events"]:
+        thread = (e["values"].get("sampledThread") or {}).get("javaName") or ""
+        frames = (e["values"].get("stackTrace") or {}).get("frames") or []
+        stacks.append((thread, [f["method"]["type"]["name"] + "." + f["method"]["name"] for f in frames]))
+    return stacks
+
+
+def join_parts(stacks: list[list[str]]) -> collections.Counter[str]:
+    return collections.Counter(next((name for name, marks in JOIN_PARTS if any(m in f for f in frames for m in marks)),
+                                    "other") for frames in stacks)
+
+
+def join_jfr_summary(path: Path) -> None:
+    """A join's task threads: Java samples by part of the plan, with the share that encodes rows; then the native
+    method samples (RocksDB's JNI code) by part, which JFR takes apart from the Java ones."""
+    java = [frames for thread, frames in jfr_stacks(path, "jdk.ExecutionSample") if thread.startswith("Executor task")]
+    native = [frames for thread, frames in jfr_stacks(path, "jdk.NativeMethodSample")
+              if thread.startswith("Executor task")]
+    encoding = sum(any(m in f for f in frames for m in ROW_ENCODING) for frames in java)
+    print(f"JFR {path.name}, the task threads: {len(java)} Java samples, "
+          f"{100 * encoding / max(len(java), 1):.1f} % of them turning rows into or out of UnsafeRow")
+    for stacks, kind in ((java, "Java"), (native, "native method")):
+        print(f"  {len(stacks)} {kind} samples by part:")
+        for name, count in join_parts(stacks).most_common():
+            print(f"  {count:6d} {100 * count / max(len(stacks), 1):5.1f} %  {name}")
+
+
 def pyspy_summary(path: Path, rate: float) -> None:
     per_phase: collections.Counter[str] = collections.Counter()
     for line in path.read_text().splitlines():
@@ -81,16 +132,9 @@ def jfr_phase(frames: list[str]) -> str | None:
 
 
 def jfr_summary(path: Path, top: int = 0) -> None:
-    jfr = shutil.which("jfr") or str(Path(sys.prefix).parent / "bin" / "jfr")
-    # jfr print keeps 5 frames of a stack unless told: too few to reach a Spark operator's frame
-    out = subprocess.run([jfr, "print", "--json", "--stack-depth", str(STACK_DEPTH), "--events", "jdk.ExecutionSample",
-                          str(path)], capture_output=True, text=True, check=True).stdout
-    events = json.loads(out)["recording"]["events"]
     per_phase: collections.Counter[str] = collections.Counter()
     leaves: collections.Counter[str] = collections.Counter()
-    for e in events:
-        st = e["values"].get("stackTrace") or {}
-        frames = [f["method"]["type"]["name"] + "." + f["method"]["name"] for f in st.get("frames") or []]
+    for _, frames in jfr_stacks(path, "jdk.ExecutionSample"):
         if frames:
             leaves[frames[0]] += 1  # the innermost frame: where the CPU was
         per_phase[jfr_phase(frames) or "other"] += 1
@@ -110,11 +154,15 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=50, help="py-spy's sampling rate (bench/bulk.py uses 50/s)")
     p.add_argument("--jfr", type=Path, nargs="*", default=[])
     p.add_argument("--top", type=int, default=0, help="also list the JFR's N innermost frames with most samples")
+    p.add_argument("--join-jfr", type=Path, nargs="*", default=[],
+                   help="a recording of bench/join_state.py's driver: its task samples by part of the join's plan")
     args = p.parse_args()
     for f in args.pyspy:
         pyspy_summary(f, args.rate)
     for f in args.jfr:
         jfr_summary(f, args.top)
+    for f in args.join_jfr:
+        join_jfr_summary(f)
     return 0
 
 
