@@ -1,8 +1,11 @@
 """Where a profiled `glasspipe run` spent its time: py-spy's collapsed stacks (driver Python, wall time,
 idle included) and Java Flight Recorder execution samples (JVM, on-CPU), each grouped into the job's
 phases. Prints seconds (py-spy) or samples and shares (JFR) per phase; files come from bench/bulk.py.
+A join's recording (``jcmd <driver pid> JFR.start settings=profile`` during bench/join_state.py) goes to
+--join-jfr, which groups its task samples by part of the join's plan.
 
     python bench/profile_summary.py --pyspy /tmp/prof/bulk-this-123.txt --jfr /tmp/jfr/hotspot-pid-1.jfr
+    python bench/profile_summary.py --join-jfr /tmp/jfr/join.jfr
 """
 
 from __future__ import annotations
