@@ -197,6 +197,7 @@ def main() -> None:
         finally:
             gen.join(5)
         total = samples[-1]["written"] if samples else 0
+        left = samples[-1]["lag"] if samples else 0  # records not yet read when the harness stopped waiting
         print("\nper micro-batch (query progress): records read, total / addBatch / planning ms, state rows, "
               "RocksDB MB, updates / removals / commit ms, rows dropped by watermark, and for the JVM join "
               "operator (transformWithState) timers fired and timer ms. Spark's join: its operator; the "
@@ -227,11 +228,10 @@ def main() -> None:
             print(f"\nbatches {progress[0]['batchId']}..{progress[-1]['batchId']}: {rows:,} Kafka records in "
                   f"{ms / 1000:.1f} s = {per_s:,.0f} records/s = {per_s / 2:,.0f} matched pairs/s "
                   f"(produced {args.rate:,}/s); join state max {max(states):,} rows, RocksDB memory max "
-                  f"{max(mems) / 1e6:,.1f} MB; lag at the end {samples[-1]['lag'] if samples else 0:,} records")
+                  f"{max(mems) / 1e6:,.1f} MB; lag at the end {left:,} records")
         running.query.stop()
         running.close()
         # a shortfall with records still to read is a run cut short; one with none left would be a loss
-        left = samples[-1]["lag"] if samples else 0
         if total == produced.value:
             landed = "all matched pairs"
         elif left:

@@ -95,9 +95,8 @@ def join_parts(stacks: list[list[str]]) -> collections.Counter[str]:
 def join_jfr_summary(path: Path) -> None:
     """A join's task threads: Java samples by part of the plan, with the share that encodes rows; then the native
     method samples (RocksDB's JNI code) by part, which JFR takes apart from the Java ones."""
-    java = [frames for thread, frames in jfr_stacks(path, "jdk.ExecutionSample") if thread.startswith("Executor task")]
-    native = [frames for thread, frames in jfr_stacks(path, "jdk.NativeMethodSample")
-              if thread.startswith("Executor task")]
+    java, native = ([frames for thread, frames in jfr_stacks(path, event) if thread.startswith("Executor task")]
+                    for event in ("jdk.ExecutionSample", "jdk.NativeMethodSample"))
     encoding = sum(any(m in f for f in frames for m in ROW_ENCODING) for frames in java)
     print(f"JFR {path.name}, the task threads: {len(java)} Java samples, "
           f"{100 * encoding / max(len(java), 1):.1f} % of them turning rows into or out of UnsafeRow")
