@@ -80,8 +80,10 @@ JOIN_STATE_PLAN = "glasspipe-temporal-join/2"
 JOIN_DEDUP_BUCKETS_PLAN = f"{JOIN_STATE_PLAN}+dedup-buckets/1"
 # An inner join: its state is grouped by a bucket of the key with a timer a bucket
 # (io.glasspipe.spark.BucketJoinProcessor), no longer by the key with a timer a key (a left join still is). A
-# change of io.glasspipe.spark.KeyBuckets.BUCKETS or of the processor's state variables needs a new number.
-JOIN_BUCKETS = "+join-buckets/1"
+# change of io.glasspipe.spark.KeyBuckets.BUCKETS or of the processor's state variables needs a new number: /2 keeps
+# a record as its event time, warm-up flag and fields, without the Kafka coordinates and matched flag of /1
+# (io.glasspipe.spark.TemporalJoin.entrySchema).
+JOIN_BUCKETS = "+join-buckets/2"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
 
 

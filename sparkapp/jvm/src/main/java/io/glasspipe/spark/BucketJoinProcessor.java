@@ -81,10 +81,10 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
       if (fresh.isEmpty() || JoinPairing.anyNull(key)) {
         continue; // only late rows; or a NULL key, which matches nothing (an inner join drops such rows)
       }
-      JoinPairing.Sides kept = JoinPairing.decode(stored.getValue(key));
-      pairing.evict(key, kept, watermark, false, out);
+      JoinPairing.Sides kept = pairing.decode(stored.getValue(key));
+      pairing.evict(key, kept, watermark, out);
       pairing.pair(key, fresh, kept, out);
-      stored.updateValue(key, JoinPairing.encode(kept));
+      stored.updateValue(key, pairing.encode(kept));
       earliest = Math.min(earliest, pairing.earliestExpiry(fresh));
     }
     if (earliest != Long.MAX_VALUE) {
@@ -106,13 +106,13 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     scala.collection.Iterator<Tuple2<Row, Row>> it = stored.iterator();
     while (it.hasNext()) {
       Tuple2<Row, Row> kv = it.next();
-      JoinPairing.Sides kept = JoinPairing.decode(kv._2());
-      if (!pairing.evict(kv._1(), kept, watermark, false, out)) {
+      JoinPairing.Sides kept = pairing.decode(kv._2());
+      if (!pairing.evict(kv._1(), kept, watermark, out)) {
         earliest = Math.min(earliest, pairing.earliestExpiry(kept));
       } else if (kept.isEmpty()) {
         stored.removeKey(kv._1());
       } else {
-        stored.updateValue(kv._1(), JoinPairing.encode(kept));
+        stored.updateValue(kv._1(), pairing.encode(kept));
         earliest = Math.min(earliest, pairing.earliestExpiry(kept));
       }
     }

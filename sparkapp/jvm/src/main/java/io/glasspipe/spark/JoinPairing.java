@@ -38,13 +38,15 @@ final class JoinPairing implements Serializable {
   static final int RIGHT = 1;
   static final int JOINED = 2;
 
-  // fields of a kept row (TemporalJoin.entrySchema)
+  // fields of a kept row (TemporalJoin.entrySchema): an inner join's (t, w, v), a left join's (t, p, o, w, m, v)
   private static final int E_TIME = 0;
-  private static final int E_PARTITION = 1;
-  private static final int E_OFFSET = 2;
-  private static final int E_WARMUP = 3;
-  private static final int E_MATCHED = 4;
-  private static final int E_VALUE = 5;
+  private static final int E_WARMUP_INNER = 1;
+  private static final int E_VALUE_INNER = 2;
+  private static final int E_PARTITION_LEFT = 1;
+  private static final int E_OFFSET_LEFT = 2;
+  private static final int E_WARMUP_LEFT = 3;
+  private static final int E_MATCHED_LEFT = 4;
+  private static final int E_VALUE_LEFT = 5;
 
   private final int[] keyIndexes;
   private final int sideIndex;
@@ -57,6 +59,7 @@ final class JoinPairing implements Serializable {
   private final int rightIndex;
   private final int width;
   private final long windowMicros;
+  private final boolean leftOuter;
 
   /** A kept row of one side, decoded. */
   static final class Entry {
@@ -78,9 +81,6 @@ final class JoinPairing implements Serializable {
       this.value = value;
     }
 
-    Row toRow() {
-      return RowFactory.create(time, partition, offset, warmup, matched, value);
-    }
   }
 
   /** One key's rows: those kept from earlier batches, then this batch's in {@link #ORDER}. */
@@ -107,7 +107,7 @@ final class JoinPairing implements Serializable {
       .thenComparingInt(e -> e.partition).thenComparingLong(e -> e.offset);
 
   JoinPairing(int[] keyIndexes, int sideIndex, int eventTimeIndex, int lateIndex, int warmupIndex, int partitionIndex,
-      int offsetIndex, int leftIndex, int rightIndex, int width, long windowMicros) {
+      int offsetIndex, int leftIndex, int rightIndex, int width, long windowMicros, boolean leftOuter) {
     this.keyIndexes = keyIndexes.clone();
     this.sideIndex = sideIndex;
     this.eventTimeIndex = eventTimeIndex;
@@ -119,6 +119,7 @@ final class JoinPairing implements Serializable {
     this.rightIndex = rightIndex;
     this.width = width;
     this.windowMicros = windowMicros;
+    this.leftOuter = leftOuter;
   }
 
   static long micros(Object v) {
@@ -162,33 +163,41 @@ final class JoinPairing implements Serializable {
     return min;
   }
 
-  /** A key's kept rows, decoded from its state row ({@code null}: none). */
-  static Sides decode(Row state) {
+  /**
+   * A key's kept rows, decoded from its state row ({@code null}: none). Only a batch's fresh rows are sorted by
+   * their Kafka coordinates, so an inner join does not keep them (they decode as -1); a left join's state still
+   * holds them, and they are written back as read.
+   */
+  Sides decode(Row state) {
     return new Sides(decodeSide(state, LEFT), decodeSide(state, RIGHT));
   }
 
-  private static List<Entry> decodeSide(Row state, int field) {
+  private List<Entry> decodeSide(Row state, int field) {
     List<Entry> out = new ArrayList<>();
     if (state == null || state.isNullAt(field)) {
       return out;
     }
     List<Row> rows = state.getList(field);
     for (Row r : rows) {
-      out.add(new Entry(r.get(E_TIME), r.getInt(E_PARTITION), r.getLong(E_OFFSET), r.getBoolean(E_WARMUP),
-          r.getBoolean(E_MATCHED), r.getStruct(E_VALUE)));
+      out.add(leftOuter
+          ? new Entry(r.get(E_TIME), r.getInt(E_PARTITION_LEFT), r.getLong(E_OFFSET_LEFT),
+              r.getBoolean(E_WARMUP_LEFT), r.getBoolean(E_MATCHED_LEFT), r.getStruct(E_VALUE_LEFT))
+          : new Entry(r.get(E_TIME), -1, -1L, r.getBoolean(E_WARMUP_INNER), false, r.getStruct(E_VALUE_INNER)));
     }
     return out;
   }
 
   /** A key's state row (TemporalJoin's state schema). */
-  static Row encode(Sides kept) {
+  Row encode(Sides kept) {
     return RowFactory.create(encodeSide(kept.left), encodeSide(kept.right));
   }
 
-  private static Object encodeSide(List<Entry> entries) {
+  private Object encodeSide(List<Entry> entries) {
     List<Row> rows = new ArrayList<>(entries.size());
     for (Entry e : entries) {
-      rows.add(e.toRow());
+      rows.add(leftOuter
+          ? RowFactory.create(e.time, e.partition, e.offset, e.warmup, e.matched, e.value)
+          : RowFactory.create(e.time, e.warmup, e.value));
     }
     return CollectionConverters.asScala(rows).toSeq();
   }
@@ -276,9 +285,9 @@ final class JoinPairing implements Serializable {
 
   /**
    * Drops a key's kept rows whose window the watermark has passed, emitting the unmatched left ones to {@code out}
-   * when {@code leftOuter}. Returns whether any row went.
+   * in a left join. Returns whether any row went.
    */
-  boolean evict(Row key, Sides kept, long watermarkMs, boolean leftOuter, List<Row> out) {
+  boolean evict(Row key, Sides kept, long watermarkMs, List<Row> out) {
     boolean any = false;
     for (java.util.Iterator<Entry> it = kept.left.iterator(); it.hasNext();) {
       Entry l = it.next();

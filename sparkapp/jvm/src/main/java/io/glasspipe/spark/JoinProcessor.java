@@ -61,10 +61,10 @@ public final class JoinProcessor extends StatefulProcessor<Row, Row, Row> {
       return JoinPairing.iterator(out);
     }
     Row state = stored.get();
-    JoinPairing.Sides kept = JoinPairing.decode(state);
+    JoinPairing.Sides kept = pairing.decode(state);
     long oldTimer = state == null ? Long.MAX_VALUE : pairing.earliestExpiry(kept);
     pairing.pair(key, fresh, kept, out);
-    stored.update(JoinPairing.encode(kept));
+    stored.update(pairing.encode(kept));
     long timer = pairing.earliestExpiry(kept);
     if (timer != oldTimer) {
       if (oldTimer != Long.MAX_VALUE) {
@@ -83,12 +83,12 @@ public final class JoinProcessor extends StatefulProcessor<Row, Row, Row> {
       return JoinPairing.iterator(out);
     }
     long watermark = Math.max(timerValues.getCurrentWatermarkInMs(), expiredTimerInfo.getExpiryTimeInMs());
-    JoinPairing.Sides kept = JoinPairing.decode(state);
-    pairing.evict(key, kept, watermark, true, out);
+    JoinPairing.Sides kept = pairing.decode(state);
+    pairing.evict(key, kept, watermark, out);
     if (kept.isEmpty()) {
       stored.clear();
     } else {
-      stored.update(JoinPairing.encode(kept));
+      stored.update(pairing.encode(kept));
       getHandle().registerTimer(pairing.earliestExpiry(kept));
     }
     return JoinPairing.iterator(out);

@@ -43,14 +43,22 @@ public final class TemporalJoin {
     return i;
   }
 
-  private static StructType entrySchema(DataType value) {
-    return new StructType()
-        .add("t", DataTypes.TimestampType, false)
-        .add("p", DataTypes.IntegerType, false)
-        .add("o", DataTypes.LongType, false)
-        .add("w", DataTypes.BooleanType, false)
-        .add("m", DataTypes.BooleanType, false)
-        .add("v", value, true);
+  /**
+   * A kept record in the join state ({@link JoinPairing#decode}). An inner join keeps what it reads again: the event
+   * time, the warm-up flag and the side's fields. A left join also keeps whether the record matched, and its Kafka
+   * partition and offset, which nothing reads again: they stay so that its checkpoints resume (an inner join's
+   * dropped them with join plan {@code +join-buckets/2}: 7.6 % more pairs a second, docs/benchmarks.md).
+   */
+  private static StructType entrySchema(DataType value, boolean leftOuter) {
+    StructType entry = new StructType().add("t", DataTypes.TimestampType, false);
+    if (leftOuter) {
+      entry = entry.add("p", DataTypes.IntegerType, false).add("o", DataTypes.LongType, false);
+    }
+    entry = entry.add("w", DataTypes.BooleanType, false);
+    if (leftOuter) {
+      entry = entry.add("m", DataTypes.BooleanType, false);
+    }
+    return entry.add("v", value, true);
   }
 
   /**
@@ -93,8 +101,10 @@ public final class TemporalJoin {
     int leftIndex = index(schema, leftCol, null);
     int rightIndex = index(schema, rightCol, null);
     StructType state = new StructType()
-        .add("left", DataTypes.createArrayType(entrySchema(schema.fields()[leftIndex].dataType()), false), false)
-        .add("right", DataTypes.createArrayType(entrySchema(schema.fields()[rightIndex].dataType()), false), false);
+        .add("left", DataTypes.createArrayType(
+            entrySchema(schema.fields()[leftIndex].dataType(), leftOuter), false), false)
+        .add("right", DataTypes.createArrayType(
+            entrySchema(schema.fields()[rightIndex].dataType(), leftOuter), false), false);
     JoinPairing pairing = new JoinPairing(
         keyIndexes,
         index(schema, sideCol, DataTypes.IntegerType),
@@ -103,7 +113,7 @@ public final class TemporalJoin {
         index(schema, warmupCol, DataTypes.BooleanType),
         partitionCol == null ? -1 : index(schema, partitionCol, DataTypes.IntegerType),
         offsetCol == null ? -1 : index(schema, offsetCol, DataTypes.LongType),
-        leftIndex, rightIndex, schema.size(), windowMs * 1000L);
+        leftIndex, rightIndex, schema.size(), windowMs * 1000L, leftOuter);
     // every output column nullable: joined rows have no Kafka coordinates, unmatched rows no right side
     StructType out = new StructType();
     for (StructField f : schema.fields()) {
