@@ -80,7 +80,6 @@ final class JoinPairing implements Serializable {
       this.matched = matched;
       this.value = value;
     }
-
   }
 
   /** One key's rows: those kept from earlier batches, then this batch's in {@link #ORDER}. */

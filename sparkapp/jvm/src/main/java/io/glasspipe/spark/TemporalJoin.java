@@ -50,15 +50,19 @@ public final class TemporalJoin {
    * dropped them with join plan {@code +join-buckets/2}: 7.6 % more pairs a second, docs/benchmarks.md).
    */
   private static StructType entrySchema(DataType value, boolean leftOuter) {
-    StructType entry = new StructType().add("t", DataTypes.TimestampType, false);
-    if (leftOuter) {
-      entry = entry.add("p", DataTypes.IntegerType, false).add("o", DataTypes.LongType, false);
+    if (!leftOuter) {
+      return new StructType()
+          .add("t", DataTypes.TimestampType, false)
+          .add("w", DataTypes.BooleanType, false)
+          .add("v", value, true);
     }
-    entry = entry.add("w", DataTypes.BooleanType, false);
-    if (leftOuter) {
-      entry = entry.add("m", DataTypes.BooleanType, false);
-    }
-    return entry.add("v", value, true);
+    return new StructType()
+        .add("t", DataTypes.TimestampType, false)
+        .add("p", DataTypes.IntegerType, false)
+        .add("o", DataTypes.LongType, false)
+        .add("w", DataTypes.BooleanType, false)
+        .add("m", DataTypes.BooleanType, false)
+        .add("v", value, true);
   }
 
   /**
