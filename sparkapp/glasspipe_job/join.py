@@ -24,7 +24,8 @@ The plan, per micro-batch (one query, both topics in one offset log):
   Joins).
 - The joined row holds each side's fields in a struct column named after its source, so the output
   columns' SQL (``\\`orders\\`.\\`user_id\\```, from glasspipe.api.validation.resolve_columns) reads
-  them as struct fields; dead rows carry NULL structs and their original Kafka coordinates.
+  them as struct fields; dead rows carry NULL structs and their original Kafka coordinates. Through the
+  operator and in its state, each struct is its bytes (``io.glasspipe.spark.PackedRows``).
 - Dead rows go through the stateful operators untouched (``transform.DEAD``, the join's ``PASS``), so a
   side's Kafka batch is read and parsed once. (Until plan ``/2`` they branched off before them, and
   each topic was read and parsed twice per batch.) Duplicates are counted by an ``observe``
@@ -39,12 +40,15 @@ The plan, per micro-batch (one query, both topics in one offset log):
   glasspipe). Plan ``""`` was Spark's join; ``/1`` ran a late-flag operator on every side, so its
   operators' state stores are numbered differently; a ``/2`` with a deduplicating side kept a value and a
   timer a key there (``JOIN_DEDUP_BUCKETS_PLAN`` since); an inner ``/2`` joined by key, with a timer a
-  key (``JOIN_BUCKETS`` is added to the plan since).
+  key (``JOIN_BUCKETS`` is added to the plan since); until ``JOIN_PACKED_ROWS`` the operator kept each side's
+  fields as a struct, not as its bytes. Since then the plan also names the sides' field types, so a change
+  to a source's schema starts a new checkpoint the same way.
 - A dead or late row's dead letter has its own Kafka key, value and coordinates; a joined row has none.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame
@@ -84,15 +88,28 @@ JOIN_DEDUP_BUCKETS_PLAN = f"{JOIN_STATE_PLAN}+dedup-buckets/1"
 # a record as its event time, warm-up flag and fields, without the Kafka coordinates and matched flag of /1
 # (io.glasspipe.spark.TemporalJoin.entrySchema).
 JOIN_BUCKETS = "+join-buckets/2"
+# Every join: each side's fields go through the join operator and its state as their UnsafeRow bytes
+# (io.glasspipe.spark.PackedRows), which only a reader of the same struct type may read. Spark's check of the state's
+# schema no longer sees the fields, so the plan names their types (fields_digest): a checkpoint written with other
+# fields is set aside and its state rebuilt from the ledger with warm-up, instead of read wrongly.
+JOIN_PACKED_ROWS = "+packed-rows/1"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
 
 
 def join_state_plan(config: JobConfig) -> str:
-    """The join's state plan (runner.state_plan): its dedup operators' layout and its own are part of it."""
-    deduplicates = any(s.deduplication is not None for s in join_sides(config))
-    plan = JOIN_DEDUP_BUCKETS_PLAN if deduplicates else JOIN_STATE_PLAN
+    """The join's state plan (runner.state_plan): its dedup operators' layout, its own, and its sides' fields."""
+    left, right = join_sides(config)
+    plan = JOIN_DEDUP_BUCKETS_PLAN if left.deduplication or right.deduplication else JOIN_STATE_PLAN
     assert config.spec.join is not None
-    return plan + JOIN_BUCKETS if config.spec.join.type == "inner" else plan
+    if config.spec.join.type == "inner":
+        plan += JOIN_BUCKETS
+    return f"{plan}{JOIN_PACKED_ROWS}:{fields_digest(left, right)}"
+
+
+def fields_digest(left: models.Source, right: models.Source) -> str:
+    """12 hex digits of the two sides' struct types, names and types in order (what their packed bytes depend on)."""
+    types = f"{source_struct_type(left).simpleString()}|{source_struct_type(right).simpleString()}"
+    return hashlib.sha256(types.encode()).hexdigest()[:12]
 
 
 def join_sides(config: JobConfig) -> tuple[models.Source, models.Source]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
@@ -324,7 +325,8 @@ def test_a_checkpoint_of_the_earlier_join_plan_is_set_aside_and_pairs_straddling
     assert j.rows() == [("o2", "u2", "FR", "free")], first
     [record] = list(j.ckpt.glob("**/glasspipe-handover.json"))
     doc = json.loads(record.read_text())
-    assert doc.pop("plan") == "glasspipe-temporal-join/2+join-buckets/2", doc
+    plan, digest = doc.pop("plan").split(":")
+    assert plan == "glasspipe-temporal-join/2+join-buckets/2+packed-rows/1" and len(digest) == 12, doc
     record.write_text(json.dumps(doc))  # as written before plans were recorded
     record.with_name(f".{record.name}.crc").unlink(missing_ok=True)  # Hadoop's local checksum of the old text
     j.produce(users=[user("u1", "US", T0 + timedelta(minutes=30))])  # o1's match, after the upgrade
@@ -333,3 +335,28 @@ def test_a_checkpoint_of_the_earlier_join_plan_is_set_aside_and_pairs_straddling
     assert list(j.ckpt.glob("*.superseded-0")), list(j.ckpt.iterdir())
     assert "rows written 1," in second and "warm-up rows 3," in second, second
     assert j.rows() == [("o1", "u1", "US", "free"), ("o2", "u2", "FR", "free")], second
+
+
+def test_a_join_whose_source_gains_a_field_sets_its_checkpoint_aside_and_reads_each_kept_record_anew(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """The join keeps each side's fields as the bytes of their struct type, which its plan names: a field added to a
+    source's schema starts a new checkpoint from the ledger with warm-up, so records kept under the old schema are
+    parsed again with the new one. A kept order and a kept user event each pair after the change, nothing twice."""
+    j = Join(tmp_path, kafka, clickhouse, "orders-users-join.yaml")
+    j.produce(orders=[order("o1", "u1", T0 + timedelta(minutes=10)), order("o2", "u2", T0 + timedelta(minutes=20))],
+              users=[user("u2", "FR", T0 + timedelta(minutes=25)), user("u3", "DE", T0 + timedelta(minutes=26))])
+    first = j.run()
+    assert j.rows() == [("o2", "u2", "FR", "free")], first
+    doc = yaml.safe_load(j.path.read_text())
+    users = doc["spec"]["sources"][1]
+    assert users["name"] == "users"
+    users["schema"]["fields"].insert(1, {"name": "tier", "type": "string"})  # before the fields the sink reads
+    write_pipeline(doc, tmp_path)
+    j.produce(orders=[order("o3", "u3", T0 + timedelta(minutes=31))],  # the kept user event u3's match
+              users=[user("u1", "US", T0 + timedelta(minutes=30))])  # the kept order o1's
+    second = j.run()
+    assert "holds the state of another plan" in j.last_log, j.last_log[-3000:]
+    assert list(j.ckpt.glob("*.superseded-0")), list(j.ckpt.iterdir())
+    assert "rows written 2," in second and "warm-up rows 4," in second, second
+    assert j.rows() == [("o1", "u1", "US", "free"), ("o2", "u2", "FR", "free"), ("o3", "u3", "DE", "free")], second

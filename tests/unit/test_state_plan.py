@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from glasspipe_job.config import config_from_resource, load_job_config
-from glasspipe_job.join import JOIN_BUCKETS, JOIN_DEDUP_BUCKETS_PLAN, JOIN_STATE_PLAN
+from glasspipe_job.join import JOIN_BUCKETS, JOIN_DEDUP_BUCKETS_PLAN, JOIN_PACKED_ROWS, JOIN_STATE_PLAN
 from glasspipe_job.runner import DEDUP_BUCKETS_PLAN, state_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,27 +23,54 @@ def plan_of(example: str, **dedup: Any) -> str:
     return state_plan(load_job_config(config_from_resource(doc, 0, 1)))
 
 
-def plan_of_join(example: str, join_type: str) -> str:
+def plan_of_join(example: str, join_type: str, *, users_fields: list[dict[str, Any]] | None = None) -> str:
     doc = yaml.safe_load((ROOT / "examples" / example).read_text())
     doc["spec"]["join"]["type"] = join_type
+    if users_fields is not None:
+        doc["spec"]["sources"][1]["schema"]["fields"] = users_fields
     return state_plan(load_job_config(config_from_resource(doc, 0, 1)))
 
 
-def test_a_left_join_keeps_its_plan() -> None:
-    """A left join still keeps a timer a key: its checkpoints resume."""
-    assert plan_of_join("orders-users-join.yaml", "left") == JOIN_STATE_PLAN
+def packed(plan: str) -> tuple[str, str]:
+    """(the plan before JOIN_PACKED_ROWS, the fields' digest after it)."""
+    before, _, digest = plan.partition(JOIN_PACKED_ROWS + ":")
+    assert len(digest) == 12 and int(digest, 16) >= 0, plan
+    return before, digest
+
+
+def test_a_left_join_records_its_packed_fields() -> None:
+    """A left join keeps a timer a key, and since JOIN_PACKED_ROWS its sides' fields as bytes: a checkpoint of plain
+    JOIN_STATE_PLAN, whose state holds them as structs, is set aside."""
+    assert packed(plan_of_join("orders-users-join.yaml", "left"))[0] == JOIN_STATE_PLAN
 
 
 def test_an_inner_join_records_its_bucketed_state() -> None:
     """An inner join was grouped by key under JOIN_STATE_PLAN; now by a bucket of keys: such a checkpoint is set
     aside, with or without deduplicating sides."""
-    assert plan_of_join("orders-users-join.yaml", "inner") == JOIN_STATE_PLAN + JOIN_BUCKETS
-    assert plan_of_join("dedup-then-join.yaml", "inner") == JOIN_DEDUP_BUCKETS_PLAN + JOIN_BUCKETS
+    assert packed(plan_of_join("orders-users-join.yaml", "inner"))[0] == JOIN_STATE_PLAN + JOIN_BUCKETS
+    assert packed(plan_of_join("dedup-then-join.yaml", "inner"))[0] == JOIN_DEDUP_BUCKETS_PLAN + JOIN_BUCKETS
 
 
 def test_a_join_with_a_deduplicating_side_records_its_bucketed_state() -> None:
     """Its sides' dedup state was a value and a timer a key under JOIN_STATE_PLAN: such a checkpoint is set aside."""
-    assert plan_of_join("dedup-then-join.yaml", "left") == JOIN_DEDUP_BUCKETS_PLAN != JOIN_STATE_PLAN
+    assert packed(plan_of_join("dedup-then-join.yaml", "left"))[0] == JOIN_DEDUP_BUCKETS_PLAN != JOIN_STATE_PLAN
+
+
+def test_a_joins_plan_names_its_sides_fields() -> None:
+    """The packed bytes are read by position and type: a field added, moved or retyped on either side is another
+    state (set aside and rebuilt), while the same fields give the same plan and the join type does not move the
+    digest."""
+    doc = yaml.safe_load((ROOT / "examples" / "orders-users-join.yaml").read_text())
+    fields: list[dict[str, Any]] = doc["spec"]["sources"][1]["schema"]["fields"]
+    inner = plan_of_join("orders-users-join.yaml", "inner")
+    assert plan_of_join("orders-users-join.yaml", "inner", users_fields=[dict(f) for f in fields]) == inner
+    assert packed(plan_of_join("orders-users-join.yaml", "left"))[1] == packed(inner)[1]
+    added = [*fields, {"name": "tier", "type": "string"}]
+    reordered = [fields[0], fields[2], fields[1], fields[3]]  # plan before country
+    retyped = [{**f, "type": "long"} if f["name"] == "plan" else f for f in fields]
+    digests = {packed(plan_of_join("orders-users-join.yaml", "inner", users_fields=v))[1]
+               for v in (fields, added, reordered, retyped)}
+    assert len(digests) == 4, digests
 
 
 def test_the_default_engine_records_its_bucketed_state() -> None:

@@ -38,15 +38,12 @@ final class JoinPairing implements Serializable {
   static final int RIGHT = 1;
   static final int JOINED = 2;
 
-  // fields of a kept row (TemporalJoin.entrySchema): an inner join's (t, w, v), a left join's (t, p, o, w, m, v)
+  // fields of a kept row (TemporalJoin.entrySchema): an inner join's (t, w, v), a left join's (t, w, m, v)
   private static final int E_TIME = 0;
-  private static final int E_WARMUP_INNER = 1;
+  private static final int E_WARMUP = 1;
   private static final int E_VALUE_INNER = 2;
-  private static final int E_PARTITION_LEFT = 1;
-  private static final int E_OFFSET_LEFT = 2;
-  private static final int E_WARMUP_LEFT = 3;
-  private static final int E_MATCHED_LEFT = 4;
-  private static final int E_VALUE_LEFT = 5;
+  private static final int E_MATCHED_LEFT = 2;
+  private static final int E_VALUE_LEFT = 3;
 
   private final int[] keyIndexes;
   private final int sideIndex;
@@ -69,9 +66,10 @@ final class JoinPairing implements Serializable {
     final long offset;
     final boolean warmup;
     boolean matched;
-    final Row value;
+    /** The side's fields, carried and never read (their bytes: {@link PackedRows}). */
+    final Object value;
 
-    Entry(Object time, int partition, long offset, boolean warmup, boolean matched, Row value) {
+    Entry(Object time, int partition, long offset, boolean warmup, boolean matched, Object value) {
       this.time = time;
       this.micros = micros(time);
       this.partition = partition;
@@ -164,8 +162,7 @@ final class JoinPairing implements Serializable {
 
   /**
    * A key's kept rows, decoded from its state row ({@code null}: none). Only a batch's fresh rows are sorted by
-   * their Kafka coordinates, so an inner join does not keep them (they decode as -1); a left join's state still
-   * holds them, and they are written back as read.
+   * their Kafka coordinates, so the state does not keep them (they decode as -1).
    */
   Sides decode(Row state) {
     return new Sides(decodeSide(state, LEFT), decodeSide(state, RIGHT));
@@ -179,9 +176,8 @@ final class JoinPairing implements Serializable {
     List<Row> rows = state.getList(field);
     for (Row r : rows) {
       out.add(leftOuter
-          ? new Entry(r.get(E_TIME), r.getInt(E_PARTITION_LEFT), r.getLong(E_OFFSET_LEFT),
-              r.getBoolean(E_WARMUP_LEFT), r.getBoolean(E_MATCHED_LEFT), r.getStruct(E_VALUE_LEFT))
-          : new Entry(r.get(E_TIME), -1, -1L, r.getBoolean(E_WARMUP_INNER), false, r.getStruct(E_VALUE_INNER)));
+          ? new Entry(r.get(E_TIME), -1, -1L, r.getBoolean(E_WARMUP), r.getBoolean(E_MATCHED_LEFT), r.get(E_VALUE_LEFT))
+          : new Entry(r.get(E_TIME), -1, -1L, r.getBoolean(E_WARMUP), false, r.get(E_VALUE_INNER)));
     }
     return out;
   }
@@ -195,7 +191,7 @@ final class JoinPairing implements Serializable {
     List<Row> rows = new ArrayList<>(entries.size());
     for (Entry e : entries) {
       rows.add(leftOuter
-          ? RowFactory.create(e.time, e.partition, e.offset, e.warmup, e.matched, e.value)
+          ? RowFactory.create(e.time, e.warmup, e.matched, e.value)
           : RowFactory.create(e.time, e.warmup, e.value));
     }
     return CollectionConverters.asScala(rows).toSeq();
@@ -242,7 +238,7 @@ final class JoinPairing implements Serializable {
     int p = partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
     long o = offsetIndex >= 0 && !row.isNullAt(offsetIndex) ? row.getLong(offsetIndex) : -1L;
     boolean w = !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex);
-    return new Entry(row.get(eventTimeIndex), p, o, w, false, row.getStruct(side == LEFT ? leftIndex : rightIndex));
+    return new Entry(row.get(eventTimeIndex), p, o, w, false, row.get(side == LEFT ? leftIndex : rightIndex));
   }
 
   /**

@@ -43,26 +43,30 @@ public final class TemporalJoin {
     return i;
   }
 
-  /**
-   * A kept record in the join state ({@link JoinPairing#decode}). An inner join keeps what it reads again: the event
-   * time, the warm-up flag and the side's fields. A left join also keeps whether the record matched, and its Kafka
-   * partition and offset, which nothing reads again: they stay so that its checkpoints resume (an inner join's
-   * dropped them with join plan {@code +join-buckets/2}: 7.6 % more pairs a second, docs/benchmarks.md).
-   */
-  private static StructType entrySchema(DataType value, boolean leftOuter) {
-    if (!leftOuter) {
-      return new StructType()
-          .add("t", DataTypes.TimestampType, false)
-          .add("w", DataTypes.BooleanType, false)
-          .add("v", value, true);
+  private static StructType structOf(StructType schema, int i) {
+    DataType type = schema.fields()[i].dataType();
+    if (!(type instanceof StructType)) {
+      throw new IllegalArgumentException(
+          "join column " + schema.fields()[i].name() + " must be a struct, got " + type.simpleString());
     }
-    return new StructType()
+    return (StructType) type;
+  }
+
+  /**
+   * A kept record in the join state ({@link JoinPairing#decode}): what the join reads again, the event time and the
+   * warm-up flag, then in a left join whether the record matched, and the side's fields as their bytes
+   * ({@link PackedRows}). Not the record's Kafka partition and offset, which only order a batch's fresh records (an
+   * inner join dropped them with join plan {@code +join-buckets/2}: 7.6 % more pairs a second, docs/benchmarks.md;
+   * a left join with {@code +packed-rows/1}).
+   */
+  private static StructType entrySchema(boolean leftOuter) {
+    StructType entry = new StructType()
         .add("t", DataTypes.TimestampType, false)
-        .add("p", DataTypes.IntegerType, false)
-        .add("o", DataTypes.LongType, false)
-        .add("w", DataTypes.BooleanType, false)
-        .add("m", DataTypes.BooleanType, false)
-        .add("v", value, true);
+        .add("w", DataTypes.BooleanType, false);
+    if (leftOuter) {
+      entry = entry.add("m", DataTypes.BooleanType, false);
+    }
+    return entry.add("v", DataTypes.BinaryType, true);
   }
 
   /**
@@ -77,7 +81,8 @@ public final class TemporalJoin {
    *     at or below the watermark: the row passes through at once, late flag true, and never enters state
    * @param warmupCol BOOLEAN: warm-up rows (see handover.py); a joined row is warm-up if both rows are
    * @param partitionCol INT Kafka partition, {@code offsetCol} BIGINT offset: order rows of a batch
-   * @param leftCol STRUCT of the left side's fields (NULL on right rows), {@code rightCol} likewise
+   * @param leftCol STRUCT of the left side's fields (NULL on right rows), {@code rightCol} likewise; both go through
+   *     the operator and its state as their bytes, so the caller must start a new state when either type changes
    * @param windowMs the join window: {@code |t_left - t_right| <= window} matches
    * @param leftOuter emit a left row that matched nothing, right side NULL, when its window closes
    * @return rows with the columns of {@code df}: joined rows (side {@link #JOINED}),
@@ -93,7 +98,15 @@ public final class TemporalJoin {
     if (windowMs < 0) {
       throw new IllegalArgumentException("windowMs must not be negative, got " + windowMs);
     }
-    StructType schema = df.schema();
+    int leftIndex = index(df.schema(), leftCol, null);
+    int rightIndex = index(df.schema(), rightCol, null);
+    StructType leftType = structOf(df.schema(), leftIndex);
+    StructType rightType = structOf(df.schema(), rightIndex);
+    // each side's fields as bytes through the operator and its state (PackedRows: why)
+    Dataset<Row> packed = df
+        .withColumn(leftCol, PackedRows.packed(functions.col(leftCol), leftType))
+        .withColumn(rightCol, PackedRows.packed(functions.col(rightCol), rightType));
+    StructType schema = packed.schema();
     int[] keyIndexes = new int[keys.size()];
     StructField[] keyFields = new StructField[keys.size()];
     Column[] keyCols = new Column[keys.size()];
@@ -102,13 +115,9 @@ public final class TemporalJoin {
       keyFields[i] = schema.fields()[keyIndexes[i]];
       keyCols[i] = functions.col(keys.get(i));
     }
-    int leftIndex = index(schema, leftCol, null);
-    int rightIndex = index(schema, rightCol, null);
     StructType state = new StructType()
-        .add("left", DataTypes.createArrayType(
-            entrySchema(schema.fields()[leftIndex].dataType(), leftOuter), false), false)
-        .add("right", DataTypes.createArrayType(
-            entrySchema(schema.fields()[rightIndex].dataType(), leftOuter), false), false);
+        .add("left", DataTypes.createArrayType(entrySchema(leftOuter), false), false)
+        .add("right", DataTypes.createArrayType(entrySchema(leftOuter), false), false);
     JoinPairing pairing = new JoinPairing(
         keyIndexes,
         index(schema, sideCol, DataTypes.IntegerType),
@@ -123,14 +132,19 @@ public final class TemporalJoin {
     for (StructField f : schema.fields()) {
       out = out.add(f.name(), f.dataType(), true);
     }
+    Dataset<Row> joined;
     if (leftOuter) {
-      return df.groupBy(keyCols)
+      joined = packed.groupBy(keyCols)
           .as(Encoders.row(new StructType(keyFields)), Encoders.row(schema))
           .transformWithState(new JoinProcessor(pairing, state), TimeMode.EventTime(), OutputMode.Append(),
               Encoders.row(out));
+    } else {
+      joined = KeyBuckets.groupByBucket(packed, keyCols, BUCKET_COLUMN)
+          .transformWithState(new BucketJoinProcessor(pairing, keyIndexes, new StructType(keyFields), state),
+              TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
     }
-    return KeyBuckets.groupByBucket(df, keyCols, BUCKET_COLUMN)
-        .transformWithState(new BucketJoinProcessor(pairing, keyIndexes, new StructType(keyFields), state),
-            TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
+    return joined
+        .withColumn(leftCol, PackedRows.unpacked(functions.col(leftCol), leftType))
+        .withColumn(rightCol, PackedRows.unpacked(functions.col(rightCol), rightType));
   }
 }
