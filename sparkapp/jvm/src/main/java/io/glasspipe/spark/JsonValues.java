@@ -86,8 +86,11 @@ public final class JsonValues implements Serializable {
     return new Map.Map2<>("mode", "PERMISSIVE", "columnNameOfCorruptRecord", corruptColumn);
   }
 
-  /** {@code target.method(arg)} in generated code, {@code target} serialized with the plan. */
-  private static Column invoke(Serializable target, String method, DataType type, Column arg, boolean nullForNull) {
+  /**
+   * {@code target.method(arg)} in generated code, {@code target} serialized with the plan ({@link PackedRows} calls
+   * it too). The target's class and method must be public: Janino cannot call others.
+   */
+  static Column invoke(Serializable target, String method, DataType type, Column arg, boolean nullForNull) {
     Seq<Expression> args = CollectionConverters.asScala(List.of(ExpressionUtils.expression(arg))).toSeq();
     Seq<AbstractDataType> argTypes = CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq();
     return ExpressionUtils.column(new Invoke(Literal.create(target, new ObjectType(target.getClass())), method, type,

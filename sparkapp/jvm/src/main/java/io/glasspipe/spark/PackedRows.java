@@ -1,24 +1,14 @@
 package io.glasspipe.spark;
 
 import java.io.Serializable;
-import java.util.List;
 
 import org.apache.spark.sql.Column;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.UnsafeProjection;
 import org.apache.spark.sql.catalyst.expressions.UnsafeRow;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
-import org.apache.spark.sql.classic.ExpressionUtils;
-import org.apache.spark.sql.types.AbstractDataType;
-import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.Platform;
-import scala.collection.immutable.Seq;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * A struct column as its {@code UnsafeRow} bytes and back, in generated code: what the join operator carries and
@@ -44,19 +34,12 @@ public final class PackedRows implements Serializable {
 
   /** BINARY: {@code struct}'s bytes (NULL for NULL). */
   static Column packed(Column struct, StructType type) {
-    return invoke(new PackedRows(type), "pack", DataTypes.BinaryType, struct);
+    return JsonValues.invoke(new PackedRows(type), "pack", DataTypes.BinaryType, struct, true);
   }
 
   /** {@code type}: the struct read back from {@link #pack}'s bytes (NULL for NULL). */
   static Column unpacked(Column bytes, StructType type) {
-    return invoke(new PackedRows(type), "unpack", type, bytes);
-  }
-
-  private static Column invoke(PackedRows target, String method, DataType type, Column arg) {
-    Seq<Expression> args = CollectionConverters.asScala(List.of(ExpressionUtils.expression(arg))).toSeq();
-    Seq<AbstractDataType> argTypes = CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq();
-    return ExpressionUtils.column(new Invoke(Literal.create(target, new ObjectType(PackedRows.class)), method, type,
-        args, argTypes, true, true, true));
+    return JsonValues.invoke(new PackedRows(type), "unpack", type, bytes, true);
   }
 
   /**
