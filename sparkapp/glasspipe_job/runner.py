@@ -28,6 +28,7 @@ from glasspipe_job.clickhouse.mutations import MutationStuck
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
+from glasspipe_job.failure import explain
 from glasspipe_job.join import build_join_stream, join_sides, join_state_plan
 from glasspipe_job.jvm import partition_dedup_counts
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
@@ -266,7 +267,8 @@ def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
     """query.awaitTermination; a query that failed because a newer writer took over (Superseded), a DELETE
     passed sink.clickhouse.mutationTimeout (MutationStuck) or a micro-batch raised (BatchWriter.failure)
     raises with that error's own words rather than Spark's wrapped traceback, so they become the
-    termination message."""
+    termination message. Any other failure of a writer that a newer one has superseded raises Superseded too,
+    naming the failure."""
     try:
         return bool(running.query.awaitTermination() if timeout is None else running.query.awaitTermination(timeout))
     except Exception as e:
@@ -277,6 +279,9 @@ def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
             raise MutationStuck(str(stuck)) from e
         if running.writer is not None and running.writer.failure is not None:
             raise running.writer.failure from e  # the batch's own error, not Spark's wrapper of its traceback
+        superseded = running.sink.superseded_after_failure()
+        if superseded is not None:  # a stale replica woken from a pause may fail on Kafka before its fence check
+            raise Superseded(f"{superseded}; its query had stopped on {explain(e)}") from e
         raise
 
 

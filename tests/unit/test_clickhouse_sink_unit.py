@@ -719,3 +719,34 @@ def test_the_main_loops_fence_check_never_shares_the_connection_with_a_running_b
     checks_during_batch = CountingFence.checks  # the batch's own fence checks
     sink.check_fence_between_batches()  # between batches: checked
     assert CountingFence.checks == checks_during_batch + 1
+
+
+def test_after_a_failed_query_the_sink_reads_the_fence_once_more() -> None:
+    """superseded_after_failure: a newer claim found then is remembered (every later write refuses); no newer
+    claim, or a ledger it cannot read, leaves the query's own failure to be reported."""
+    from glasspipe_job.clickhouse.ledger import Superseded
+
+    class CheckedFence:
+        def __init__(self, outcome: BaseException | None) -> None:
+            self.outcome, self.checks = outcome, 0
+
+        def check(self) -> None:
+            self.checks += 1
+            if self.outcome is not None:
+                raise self.outcome
+
+    sink = make_sink(FakeClient("18.16.1"))
+    assert sink.superseded_after_failure() is None  # no fence (a local run with no ledger claims)
+    for outcome in (None, ConnectionError("ClickHouse refused the connection")):
+        fence = CheckedFence(outcome)
+        sink.fence = fence  # type: ignore[assignment]
+        assert sink.superseded_after_failure() is None
+        assert fence.checks == 1 and sink.superseded is None
+    why = "writer w0 (generation 1) is superseded by writer w1 (generation 2)"
+    fence = CheckedFence(Superseded(why))
+    sink.fence = fence  # type: ignore[assignment]
+    assert sink.superseded_after_failure() == why
+    assert sink.superseded_after_failure() == sink.superseded == why and fence.checks == 1
+    with pytest.raises(Superseded):
+        sink.check_fence()  # what the job checks before sending a batch's dead letters
+    assert fence.checks == 1

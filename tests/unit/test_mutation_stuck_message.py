@@ -50,8 +50,10 @@ def stuck_table(deadline: float) -> ClickHouseTable:
     return table
 
 
-def running(table: ClickHouseTable, superseded: str | None = None) -> RunningPipeline:
-    sink: Any = SimpleNamespace(table=table, superseded=superseded, close=lambda: None)
+def running(table: ClickHouseTable, superseded: str | None = None, found_later: str | None = None) -> RunningPipeline:
+    """``found_later``: what the sink's fence check, read once the query failed, says (None: not superseded)."""
+    sink: Any = SimpleNamespace(table=table, superseded=superseded, close=lambda: None,
+                                superseded_after_failure=lambda: superseded or found_later)
     return RunningPipeline(FailedQuery(), None, sink, [])  # type: ignore[arg-type]
 
 
@@ -105,3 +107,25 @@ def test_a_micro_batch_error_is_reported_in_its_own_words() -> None:
     assert isinstance(raised.value.__cause__, StreamingQueryException)
     assert failure.explain(raised.value) == "ConnectionError: dead-letter topic orders-dlq: broker down"
 
+
+
+def test_a_stale_writer_whose_query_fails_on_kafka_says_it_was_superseded_and_what_failed() -> None:
+    """A replica paused past a rescale wakes in the middle of its batch: its Kafka read may time out before
+    the sink checks the fence. Its newer layout is why it stops, so the termination message says so first."""
+    healthy = ClickHouseTable(Connection(["ch:9000"], "shop"), "orders", [OutputColumn("id", "`id`", "Int64", None)])
+
+    class KafkaTimeout(FailedQuery):
+        def awaitTermination(self, timeout: int | None = None) -> bool:
+            raise StreamingQueryException("[STREAM_FAILED] Query glasspipe-orders-0 terminated with exception: "
+                                          "Timeout of 60000ms expired before the position for partition orders-5 "
+                                          "could be determined\n\tat org.apache.kafka...")
+
+    pipeline = running(healthy, found_later="writer w0 (generation 1) is superseded by writer w1 (generation 2)")
+    pipeline.query = KafkaTimeout()  # type: ignore[assignment]
+    with pytest.raises(Superseded) as raised:
+        _await(pipeline)
+    assert isinstance(raised.value.__cause__, StreamingQueryException)
+    message = failure.explain(raised.value)
+    assert message.startswith("writer w0 (generation 1) is superseded by writer w1 (generation 2); its query had "
+                              "stopped on StreamingQueryException: [STREAM_FAILED]"), message
+    assert "position for partition orders-5 could be determined" in message and "\n" not in message

@@ -35,6 +35,7 @@ from glasspipe_job.clickhouse.values import (
 )
 
 log = logging.getLogger(__name__)
+FENCE_LOCK_SECONDS = 30.0  # how long a failed query's fence check waits for a batch still writing to let go
 
 
 @dataclass(frozen=True)
@@ -260,6 +261,25 @@ class ClickHouseSink:
             raise
         finally:
             self._writing.release()
+
+    def superseded_after_failure(self) -> str | None:
+        """Once the query failed for a reason of its own: why this writer is stale, if a newer writer had
+        claimed its partitions by then. A replica paused past a rescale can fail on Kafka when it wakes,
+        before its next fence check; the newer layout, not that error, is then why it stops. None when no
+        newer writer claimed them, or the ledger cannot be read (the query's own error stands)."""
+        if self.superseded is not None or self.fence is None:
+            return self.superseded
+        if not self._writing.acquire(timeout=FENCE_LOCK_SECONDS):
+            return None
+        try:
+            self.fence.check()
+        except Superseded as e:
+            self.superseded = str(e)
+        except Exception as e:  # the query's own failure is what gets reported then
+            log.warning("could not read the ledger's claims after the query failed: %s", e)
+        finally:
+            self._writing.release()
+        return self.superseded
 
     def _step_down(self, batch_id: int, why: Superseded) -> None:
         """A newer writer claimed our partitions: remove whatever this writer stored of the batch (it will not
