@@ -137,14 +137,14 @@ def run_once(label: str, code: Path, tmp: Path, kafka: KafkaServer, ch: ClickHou
     servers = children()
     cpu0 = os.times()
     started = time.time()
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True, env=env)
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=stdout, stderr=err, text=True, env=env)
         with ThreadCpu(proc.pid) as threads:
             proc.wait()
         wall = time.time() - started
-        out.seek(0)
+        stdout.seek(0)
         err.seek(0)
-        done = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
+        done = subprocess.CompletedProcess(argv, proc.returncode, stdout.read(), err.read())
     reap_orphans(servers)
     cpu1 = os.times()
     if done.returncode != 0:

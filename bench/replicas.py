@@ -140,7 +140,7 @@ PHASES = [("Spark session up", "ClickHouse "), ("ledger read and claimed", "new 
 
 def phases(log: str, since: datetime) -> str:
     """Seconds after ``since`` (the stop) at which a new replica's job log reached each start-up phase."""
-    out = []
+    out: list[str] = []
     for line in log.replace("\r", "\n").splitlines():
         head, _, message = line.partition(" INFO ")
         if not message:

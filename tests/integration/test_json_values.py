@@ -4,7 +4,7 @@ every record comes out as Spark's own from_json gives it, corrupt-record column 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -93,7 +93,7 @@ def test_every_value_parses_as_from_json_parses_it(spark: Any) -> None:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    schema = T._parse_datatype_string(SCHEMA)
+    schema = cast(T.StructType, T._parse_datatype_string(SCHEMA))  # SCHEMA is a struct's DDL
     rows = [(i, v) for i, v in enumerate(VALUES)]
     df = spark.createDataFrame(rows, "i int, value binary").repartition(2)
     ours = parse_json_values(df, "value", "ours", schema, CORRUPT)
@@ -268,7 +268,7 @@ def test_a_task_whose_timestamps_mostly_have_another_shape_still_parses_each_as_
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    schema = T._parse_datatype_string(SCHEMA)
+    schema = cast(T.StructType, T._parse_datatype_string(SCHEMA))  # SCHEMA is a struct's DDL
     values = []
     for i in range(300):
         ts = f"2026-11-26T07:{i // 60:02d}:{i % 60:02d}" + ("+01:00" if i % 7 == 0 else "")  # mostly no offset
@@ -375,7 +375,7 @@ def test_the_bytes_own_reader_gives_jacksons_rows_and_defers_the_rest(spark: Any
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
-    schema = T._parse_datatype_string(SCHEMA)
+    schema = cast(T.StructType, T._parse_datatype_string(SCHEMA))  # SCHEMA is a struct's DDL
     reader = spark.sparkContext._jvm.io.glasspipe.spark.JsonValues.plainReader(schema.json(), CORRUPT)
     docs, plain = _random_documents(random.Random(28), 1500)
     read, differ = 0, []
@@ -394,5 +394,6 @@ def test_the_bytes_own_reader_gives_jacksons_rows_and_defers_the_rest(spark: Any
     both = parse_json_values(df, "value", "ours", schema, CORRUPT).withColumn(
         "theirs", F.from_json(F.col("value").cast("string"), schema,
                               {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT}))
-    differ = [(docs[r["i"]], r["ours"], r["theirs"]) for r in both.collect() if repr(r["ours"]) != repr(r["theirs"])]
-    assert differ == []
+    rows_differ = [(docs[r["i"]], r["ours"], r["theirs"]) for r in both.collect()
+                   if repr(r["ours"]) != repr(r["theirs"])]
+    assert rows_differ == []

@@ -58,41 +58,48 @@ class _OffsetLog:
 
 def test_the_writer_sizes_a_batch_from_the_previous_offsets_it_saw_and_reads_them_only_when_it_did_not() -> None:
     from types import SimpleNamespace
-    from typing import Any
+    from typing import Any, cast
 
     from glasspipe_job.batch_writer import BatchWriter
+    from glasspipe_job.config import JobConfig
+    from glasspipe_job.handover import CheckpointFiles
 
     log = _OffsetLog({4: [{"t": {"0": 100}}], 5: [{"t": {"0": 160}}], 6: [{"t": {"0": 200}}]})
+    files = cast(CheckpointFiles, log)
+    config = cast(JobConfig, SimpleNamespace(columns=[]))
     no: Any = None
-    writer = BatchWriter(SimpleNamespace(columns=[]), no, no, [], no, "ckpt", batch_bound=1_000)
-    assert writer._batch_records(log, 5, log.entries[5]) == 60
+    writer = BatchWriter(config, no, no, [], no, "ckpt", batch_bound=1_000)
+    assert writer._batch_records(files, 5, log.entries[5]) == 60
     assert log.reads == [4]  # a restarted writer reads the previous entry
-    assert writer._batch_records(log, 6, log.entries[6]) == 40
+    assert writer._batch_records(files, 6, log.entries[6]) == 40
     assert log.reads == [4]  # the next batch uses what the writer saw
-    assert BatchWriter(SimpleNamespace(columns=[]), no, no, [], no, "ckpt", 1_000)._batch_records(
-        log, 9, [{"t": {"0": 300}}]) is None
+    assert BatchWriter(config, no, no, [], no, "ckpt", 1_000)._batch_records(
+        files, 9, [{"t": {"0": 300}}]) is None
 
 
 def test_the_first_batch_of_a_checkpoint_is_sized_from_where_the_hand_over_started_it() -> None:
     """Batch 0 has no previous offset log entry: its start is the hand-over's read_from (a rescale's warm-up
     start). Kafka's -2/-1 there overstate the batch (safe: smaller parts), never understate it."""
     from types import SimpleNamespace
-    from typing import Any
+    from typing import Any, cast
 
     from glasspipe_job.batch_writer import BatchWriter
+    from glasspipe_job.config import JobConfig
+    from glasspipe_job.handover import CheckpointFiles
 
     log = _OffsetLog({})
+    files = cast(CheckpointFiles, log)
     no: Any = None
 
     def writer(first: Any, bound: int = 1_000) -> BatchWriter:
-        return BatchWriter(SimpleNamespace(columns=[]), no, no, [], no, "ckpt", bound, first)
+        return BatchWriter(cast(JobConfig, SimpleNamespace(columns=[])), no, no, [], no, "ckpt", bound, first)
 
     end = [{"t": {"0": 700, "1": 900}}]
-    assert writer({"t": {0: 500, 1: 850}})._batch_records(log, 0, end) == 250
-    assert writer({"t": {0: -2, 1: -1}})._batch_records(log, 0, end) == 702 + 901
-    assert writer({"t": {0: 500}})._batch_records(log, 0, end) is None  # a partition without a start
-    assert writer(None)._batch_records(log, 0, end) is None
-    assert writer({"t": {0: 500, 1: 850}}, bound=0)._batch_records(log, 0, end) is None  # a join
+    assert writer({"t": {0: 500, 1: 850}})._batch_records(files, 0, end) == 250
+    assert writer({"t": {0: -2, 1: -1}})._batch_records(files, 0, end) == 702 + 901
+    assert writer({"t": {0: 500}})._batch_records(files, 0, end) is None  # a partition without a start
+    assert writer(None)._batch_records(files, 0, end) is None
+    assert writer({"t": {0: 500, 1: 850}}, bound=0)._batch_records(files, 0, end) is None  # a join
     assert log.reads == []
 
 

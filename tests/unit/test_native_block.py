@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import struct
+from collections.abc import Sequence
 
 import pyarrow as pa
 import pytest
@@ -21,7 +22,7 @@ def leb128(n: int) -> bytes:
             return out
 
 
-def reference_strings(values: list[str | None]) -> bytes:
+def reference_strings(values: Sequence[str | None]) -> bytes:
     return b"".join(leb128(len(v.encode())) + v.encode() for v in ("" if v is None else v for v in values))
 
 
