@@ -40,7 +40,7 @@ for sub in ("dev", "operator", "sparkapp"):
 from glasspipe.api.durations import parse_duration_ms  # noqa: E402
 from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
 from glasspipe_dev.kafka import KafkaServer  # noqa: E402
-from glasspipe_dev.pipelines import load_example  # noqa: E402
+from glasspipe_dev.pipelines import STRICT_CODEGEN_CONF, load_example  # noqa: E402
 
 
 def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float, produced: Any,
@@ -151,6 +151,7 @@ def main() -> None:
         # every batch's progress for the printout below (Spark keeps the last 100): one a trigger, and the catch-up
         conf["spark.sql.streaming.numRecentProgressUpdates"] = str(
             int((args.seconds + 120) * 1000 / max(parse_duration_ms(args.trigger), 1)) + 100)
+        conf.update(STRICT_CODEGEN_CONF)  # a run interpreted for a compile error measures nothing
         conf.update(kv.split("=", 1) for kv in args.conf)
         config = load_job_config(config_from_resource(doc))
         spark = local_session("glasspipe-bench-join", config.spark_conf)
