@@ -26,10 +26,10 @@ def load_example(name: str) -> dict[str, Any]:
     return yaml.safe_load((REPO_ROOT / "examples" / name).read_text())
 
 
-# Spark runs an operator whose generated code does not compile interpreted, silently and several times slower:
-# a JVM operator the generated code cannot reach (a class that is not public) would pass every test. Every
-# pipeline the tests, e2e and benchmarks write fails instead. Not in the job's own settings: a user's job keeps
-# running.
+# Spark runs a stage whose generated code does not compile interpreted, with only a warning in its log: a JVM
+# operator the generated code cannot reach (a class that is not public) would pass every test, at another speed.
+# Every pipeline the tests, e2e and benchmarks write fails instead. Not in the job's own settings: a user's job
+# keeps running.
 STRICT_CODEGEN_CONF = {"spark.sql.codegen.fallback": "false"}
 
 

@@ -750,3 +750,34 @@ def test_after_a_failed_query_the_sink_reads_the_fence_once_more() -> None:
     with pytest.raises(Superseded):
         sink.check_fence()  # what the job checks before sending a batch's dead letters
     assert fence.checks == 1
+
+
+def test_the_last_fence_check_gives_up_on_an_unreachable_clickhouse_and_leaves_the_retry_deadline_as_it_was() -> None:
+    """The job's connection retries until ClickHouse is back; the check after a failed query must not hold the
+    replica up that long: it gives up after FENCE_AFTER_FAILURE_SECONDS, and the query's own error is reported."""
+    from glasspipe_job.clickhouse.sink import FENCE_AFTER_FAILURE_SECONDS
+
+    now = [0.0]
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    sink = make_sink(FakeClient("18.16.1"), clock=lambda: now[0])
+    sink.table.connection._sleep = sleep  # the sink's sleep, keeping the fake clock in step
+
+    class UnreachableLedger:
+        attempts = 0
+
+        def check(self) -> None:
+            def claims(_attempt: int) -> None:
+                UnreachableLedger.attempts += 1
+                if UnreachableLedger.attempts > 200:  # still retrying long past the bound: end the test, not hang
+                    raise ValueError("no bound on the retries")
+                raise EOFError("Unexpected EOF while reading bytes")  # a socket closed: transient
+
+            sink.table.retrying("reading the pipeline's claims", claims)
+
+    sink.fence = UnreachableLedger()  # type: ignore[assignment]
+    assert sink.superseded_after_failure() is None
+    assert UnreachableLedger.attempts >= 3 and now[0] <= FENCE_AFTER_FAILURE_SECONDS, (UnreachableLedger.attempts, now)
+    assert sink.table.connection.retry_deadline is None and sink.superseded is None

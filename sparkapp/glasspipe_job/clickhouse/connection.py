@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Protocol
 
 from glasspipe_job.clickhouse.errors import MutationPending, SinkError, SinkUnavailable, is_transient
@@ -119,6 +120,17 @@ class Connection:
 
     def close(self) -> None:
         self.reset()
+
+    @contextmanager
+    def retries_within(self, seconds: float) -> Iterator[None]:
+        """Inside the block, retries give up after ``seconds`` (or the connection's own deadline, if sooner):
+        for an answer worth having only soon, like a last check before the job reports why it stops."""
+        saved = self.retry_deadline
+        self.retry_deadline = seconds if saved is None else min(saved, seconds)
+        try:
+            yield
+        finally:
+            self.retry_deadline = saved
 
     def retrying(self, what: str, fn: Callable[[int], Any], describe: Callable[[BaseException], str]) -> Any:
         """Run fn(attempt) until it succeeds; transient errors wait (exp. backoff), reconnect and retry.

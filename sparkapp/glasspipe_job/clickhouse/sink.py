@@ -35,7 +35,9 @@ from glasspipe_job.clickhouse.values import (
 )
 
 log = logging.getLogger(__name__)
-FENCE_LOCK_SECONDS = 30.0  # how long a failed query's fence check waits for a batch still writing to let go
+# A failed query's last fence check: how long it waits for a batch still writing to let go, and for ClickHouse
+# (the job's connection otherwise retries until the server is back; here the query's own error is reported).
+FENCE_AFTER_FAILURE_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -269,10 +271,11 @@ class ClickHouseSink:
         newer writer claimed them, or the ledger cannot be read (the query's own error stands)."""
         if self.superseded is not None or self.fence is None:
             return self.superseded
-        if not self._writing.acquire(timeout=FENCE_LOCK_SECONDS):
+        if not self._writing.acquire(timeout=FENCE_AFTER_FAILURE_SECONDS):
             return None
         try:
-            self.fence.check()
+            with self.table.connection.retries_within(FENCE_AFTER_FAILURE_SECONDS):
+                self.fence.check()
         except Superseded as e:
             self.superseded = str(e)
         except Exception as e:  # the query's own failure is what gets reported then
