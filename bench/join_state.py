@@ -3,9 +3,9 @@ parse/check -> JVM join operator -> exactly-once ClickHouse sink).
 
 Run: $GLASSPIPE_CACHE/venv/bin/python bench/join_state.py [--rate 10000] [--seconds 90] [--window 30s]
 
-Starts its own throw-away Kafka and ClickHouse, runs examples/orders-users-join.yaml (inner join,
-window ``--window``, allowed lateness ``--lateness`` on both sides) in this process's Spark
-(local[2]), and a generator process that produces ``--rate`` orders and ``--rate`` user events per
+Starts its own throw-away Kafka and ClickHouse, runs examples/orders-users-join.yaml (an inner join, or
+with ``--type left`` a left join; window ``--window``, allowed lateness ``--lateness`` on both sides) in this
+process's Spark (local[2]), and a generator process that produces ``--rate`` orders and ``--rate`` user events per
 second with event time = now, each order matching exactly one user event (``--rate`` matched pairs/s).
 Every 5 s it prints the query progress: input and processed rows/s, the join's state rows
 (``numRowsTotal``: 0 unless ``--conf spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows=true``,
@@ -109,6 +109,8 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=90)
     ap.add_argument("--window", default="30s")
     ap.add_argument("--lateness", default="5s")
+    ap.add_argument("--type", choices=("inner", "left"), default="inner",
+                    help="join.type; every order has its user, so a left join emits the same pairs and no NULL rows")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--hot-share", type=float, help="share of the records on partition 0 (a skewed topic; the "
                     "rest evenly on the others); default: each on its key's partition")
@@ -142,7 +144,7 @@ def main() -> None:
             s["eventTime"]["allowedLateness"] = args.lateness
             if args.max_per_trigger:
                 s["kafka"]["maxOffsetsPerTrigger"] = args.max_per_trigger
-        spec["join"]["window"] = args.window
+        spec["join"].update(window=args.window, type=args.type)
         spec["sink"]["clickhouse"].update(hosts=[f"127.0.0.1:{ch.port}"], table=table,
                                           batching={"maxDelay": args.trigger})
         spec["deadLetter"]["topic"] = f"{orders}-dlq"
@@ -163,7 +165,8 @@ def main() -> None:
         gen.start()
         client = ch.client()
         expected_state = 2 * args.rate * (parse_duration_ms(args.window) + parse_duration_ms(args.lateness)) / 1000
-        print(f"rate {args.rate} pairs/s for {args.seconds:.0f} s, window {args.window}, lateness {args.lateness}, "
+        print(f"{args.type} join, rate {args.rate} pairs/s for {args.seconds:.0f} s, window {args.window}, "
+              f"lateness {args.lateness}, "
               f"{args.partitions} partitions, trigger {args.trigger}; expected steady join state "
               f"~{expected_state:,.0f} rows (+ one batch interval)")
         print(f"{'t[s]':>5} {'produced':>9} {'written':>9} {'in/s':>7} {'proc/s':>7} {'batch ms':>8} "
