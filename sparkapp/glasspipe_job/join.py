@@ -83,11 +83,15 @@ JOIN_STATE_PLAN = "glasspipe-temporal-join/2"
 # (io.glasspipe.spark.BucketDedupProcessor), no longer a value and a timer a key as recorded under JOIN_STATE_PLAN.
 JOIN_DEDUP_BUCKETS_PLAN = f"{JOIN_STATE_PLAN}+dedup-buckets/1"
 # An inner join: its state is grouped by a bucket of the key with a timer a bucket
-# (io.glasspipe.spark.BucketJoinProcessor), no longer by the key with a timer a key (a left join still is). A
-# change of io.glasspipe.spark.KeyBuckets.BUCKETS or of the processor's state variables needs a new number: /2 keeps
+# (io.glasspipe.spark.BucketJoinProcessor), no longer by the key with a timer a key. A change of
+# io.glasspipe.spark.KeyBuckets.BUCKETS or of the processor's state variables needs a new number: /2 keeps
 # a record as its event time, warm-up flag and fields, without the Kafka coordinates and matched flag of /1
 # (io.glasspipe.spark.TemporalJoin.entrySchema).
 JOIN_BUCKETS = "+join-buckets/2"
+# A left join: grouped by a bucket of the key too, with the bucket's sweep timer and the keys of its unmatched left
+# rows by expiry, each expiry with an exact timer (state variables rows, pending and sweep), no longer by the key
+# with a timer a key. Its records keep the matched flag.
+LEFT_JOIN_BUCKETS = "+left-join-buckets/1"
 # Every join: each side's fields go through the join operator and its state as their UnsafeRow bytes
 # (io.glasspipe.spark.PackedRows), which only a reader of the same struct type may read. Spark's check of the state's
 # schema no longer sees the fields, so the plan names their types (fields_digest): a checkpoint written with other
@@ -101,8 +105,7 @@ def join_state_plan(config: JobConfig) -> str:
     left, right = join_sides(config)
     plan = JOIN_DEDUP_BUCKETS_PLAN if left.deduplication or right.deduplication else JOIN_STATE_PLAN
     assert config.spec.join is not None
-    if config.spec.join.type == "inner":
-        plan += JOIN_BUCKETS
+    plan += JOIN_BUCKETS if config.spec.join.type == "inner" else LEFT_JOIN_BUCKETS
     return f"{plan}{JOIN_PACKED_ROWS}:{fields_digest(left, right)}"
 
 

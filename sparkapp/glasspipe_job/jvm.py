@@ -5,9 +5,8 @@ runs a state call per key through the Python worker (~1-3k rows/s here), while
 ``dropDuplicatesWithinWatermark`` and Spark's stream-stream join (state format v2) scan their whole
 state every micro-batch to evict. The Java ``StatefulProcessor``s evict with event-time timers instead:
 ``io.glasspipe.spark.BucketDedupProcessor`` keeps a map of keys and one timer per bucket of keys,
-``io.glasspipe.spark.BucketJoinProcessor`` (inner joins) the same for each key's records, and
-``io.glasspipe.spark.JoinProcessor`` (left joins) one value and one timer per key, so a micro-batch costs its
-own rows plus the expired keys.
+``io.glasspipe.spark.BucketJoinProcessor`` the same for each key's records (a left join also a timer at the
+expiry of each left row unmatched on arrival), so a micro-batch costs its own rows plus the expired keys.
 
 The jar is built by ``dev/install/jvm-ops.sh`` into
 ``$GLASSPIPE_CACHE/jvm-ops/<hash>/glasspipe-spark-ops.jar`` and must be on ``spark.jars`` before

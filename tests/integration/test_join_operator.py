@@ -1,6 +1,7 @@
 """The temporal join operator (io.glasspipe.spark.TemporalJoin) on real local Spark + RocksDB state, without Kafka:
 an inner join's buckets (BucketJoinProcessor) match at the window's bounds, pass late rows through, evict keys once
-the watermark passes their window, and resume from a checkpoint.
+the watermark passes their window, and resume from a checkpoint; a left join's buckets emit an unmatched left row
+in the batch whose watermark passes its window, not at the bucket's grid, and a matched one never.
 
 The source is a folder of JSON files read one file per micro-batch, as in test_dedup_operator.py; each step is one
 data micro-batch, plus Spark's no-data batch when the watermark moves, which fires the eviction timers.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +33,11 @@ def t(mmss: str) -> str:
 
 
 class JoinStream:
-    """A JSON file source folder plus a checkpoint; runs an inner join of its left and right rows by ``k``."""
+    """A JSON file source folder plus a checkpoint; runs an inner (or left) join of its left and right rows by ``k``."""
 
-    def __init__(self, spark: Any, root: Path) -> None:
+    def __init__(self, spark: Any, root: Path, left_outer: bool = False) -> None:
         self.spark, self.src, self.ckpt = spark, root / "in", root / "ckpt"
+        self.left_outer = left_outer
         self.src.mkdir(parents=True)
         self.n = 0
         self.q: Any = None
@@ -55,14 +58,14 @@ class JoinStream:
             F.when(side == JOIN_RIGHT, F.struct("id")).alias("r"))
         out = temporal_join(rows, ["k"], side_col="side", event_time_col="et", late_col="late", warmup_col="warmup",
                             partition_col="p", offset_col="o", left_col="l", right_col="r",
-                            window_seconds=WINDOW_S, left_outer=False)
+                            window_seconds=WINDOW_S, left_outer=self.left_outer)
         self.q = (out.writeStream.foreachBatch(self._collect).outputMode("append")
                   .option("checkpointLocation", str(self.ckpt)).start())
 
     def _collect(self, df: Any, batch_id: int) -> None:
         self.calls[batch_id] = sorted(
-            (r.k, "joined" if r.side == JOIN_BOTH else "late" if r.late else f"side {r.side}",
-             r.l.id if r.l else None, r.r.id if r.r else None) for r in df.collect())
+            ((r.k, "joined" if r.side == JOIN_BOTH else "late" if r.late else f"side {r.side}",
+              r.l.id if r.l else None, r.r.id if r.r else None) for r in df.collect()), key=in_order)
 
     def step(self, rows: list[tuple[str, int, str, str]]) -> None:
         """One micro-batch of (key, side, event time, id) rows, in Kafka order (partition 0)."""
@@ -76,6 +79,14 @@ class JoinStream:
     def rows(self) -> list[tuple[Any, ...]]:
         return [row for batch in sorted(self.calls) for row in self.calls[batch]]
 
+    def wait_rows(self, expected: list[tuple[Any, ...]], timeout: float = 60) -> None:
+        """Waits for the output to be ``expected``: Spark's no-data batch, which fires the timers, may follow the
+        data batch after processAllAvailable returned."""
+        deadline = time.monotonic() + timeout
+        while self.rows() != expected and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self.rows() == expected
+
     def wait_state_rows(self, expected: int) -> None:
         """Waits for the join's state to hold ``expected`` keys (Spark counts a bucket's map entries)."""
         wait_state_rows(self.q, expected)
@@ -87,6 +98,11 @@ class JoinStream:
 
 
 L, R = JOIN_LEFT, JOIN_RIGHT
+
+
+def in_order(row: tuple[Any, ...]) -> tuple[str, ...]:
+    """A batch's output rows in order, a NULL (key or side) first."""
+    return tuple("" if v is None else str(v) for v in row)
 
 
 def test_an_inner_join_matches_at_the_windows_bounds_and_evicts_past_them(spark: Any, tmp_path: Path) -> None:
@@ -155,5 +171,64 @@ def test_a_bucket_timer_evicts_the_keys_that_are_due_and_keeps_the_others_whole(
         s.wait_state_rows(2)  # new, and old again with ro only
         s.step([("z", L, t("10:00"), "lz")])
         s.wait_state_rows(1)
+    finally:
+        s.stop()
+
+
+def key_with_grid_point_after(spark: Any, expiry_s: int, at_least_s: int) -> str:
+    """A key whose bucket's sweep timer for a row expiring at ``expiry_s`` falls ``at_least_s`` or more after it
+    (KeyBuckets.timerFor: the bucket's phase ``bucket * grid / 1024`` on a grid of half the window)."""
+    grid_ms = WINDOW_S * 1000 // 2
+    for row in spark.range(200).selectExpr("concat('k', id) AS k", "pmod(hash(concat('k', id)), 1024) AS b").collect():
+        phase = row.b * grid_ms // 1024
+        timer = phase + -(-(expiry_s * 1000 - phase) // grid_ms) * grid_ms
+        if timer - expiry_s * 1000 >= at_least_s * 1000:
+            return str(row.k)
+    raise AssertionError("no key of 200 in a bucket whose grid point is late enough")
+
+
+def test_a_left_join_emits_an_unmatched_row_when_the_watermark_passes_its_window_not_at_the_grid(
+    spark: Any, tmp_path: Path
+) -> None:
+    """An unmatched left row is due when the watermark passes t + window (docs/semantics.md), exactly, though its
+    bucket sweeps only on a grid of half a window: its own timer emits it. A left row unmatched on arrival that
+    matches later is emitted joined and never unmatched; both keys leave the state."""
+    k = key_with_grid_point_after(spark, 60, 15)  # la's bucket sweeps 15-30 s after la's window ends (01:00)
+    s = JoinStream(spark, tmp_path, left_outer=True)
+    s.start()
+    try:
+        s.step([(k, L, t("00:00"), "la"), ("m", L, t("00:00"), "lm")])
+        s.step([("m", R, t("00:40"), "rm")])  # lm matches a batch after it arrived
+        s.wait_rows([("m", "joined", "lm", "rm")])
+        # watermark 01:05: past la's and lm's window (01:00), before la's bucket's sweep (01:15 or later)
+        s.step([("z", L, t("01:15"), "lz")])
+        s.wait_rows([("m", "joined", "lm", "rm"), (k, "side 0", "la", None)])
+        s.step([("z", R, t("01:20"), "rz"), ("y", L, t("05:00"), "ly")])  # watermark 04:50: every window above ends
+        s.wait_rows([("m", "joined", "lm", "rm"), (k, "side 0", "la", None), ("z", "joined", "lz", "rz")])
+        # left: y's key, y's row waiting for its window (pending) and its bucket's sweep timer (a value)
+        s.wait_state_rows(3)
+    finally:
+        s.stop()
+
+
+def test_a_left_joins_unmatched_rows_are_emitted_after_a_restart_and_a_null_key_at_once(
+    spark: Any, tmp_path: Path
+) -> None:
+    """The keys waiting for their window (and their timers) are in the checkpoint: rows kept before a restart are
+    emitted unmatched after it, once, and those that matched after it are not. A NULL key matches nothing: its left
+    row is emitted at once."""
+    s = JoinStream(spark, tmp_path, left_outer=True)
+    s.start()
+    try:
+        s.step([(f"k{i}", L, t("00:00"), f"l{i}") for i in range(20)])
+        s.stop()
+        s.start()
+        s.step([(f"k{i}", R, t("00:30"), f"r{i}") for i in range(0, 20, 2)] + [(None, L, t("00:30"), "lnull")])
+        first = sorted([(None, "side 0", "lnull", None),
+                        *((f"k{i}", "joined", f"l{i}", f"r{i}") for i in range(0, 20, 2))], key=in_order)
+        s.wait_rows(first)
+        s.step([("z", L, t("03:00"), "lz")])  # watermark 02:50: every window above ends
+        s.wait_rows([*first, *sorted(((f"k{i}", "side 0", f"l{i}", None) for i in range(1, 20, 2)), key=in_order)])
+        s.wait_state_rows(3)  # z's key, its pending row and its bucket's sweep timer
     finally:
         s.stop()

@@ -9,7 +9,13 @@ import pytest
 import yaml
 
 from glasspipe_job.config import config_from_resource, load_job_config
-from glasspipe_job.join import JOIN_BUCKETS, JOIN_DEDUP_BUCKETS_PLAN, JOIN_PACKED_ROWS, JOIN_STATE_PLAN
+from glasspipe_job.join import (
+    JOIN_BUCKETS,
+    JOIN_DEDUP_BUCKETS_PLAN,
+    JOIN_PACKED_ROWS,
+    JOIN_STATE_PLAN,
+    LEFT_JOIN_BUCKETS,
+)
 from glasspipe_job.runner import DEDUP_BUCKETS_PLAN, state_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,10 +44,13 @@ def packed(plan: str) -> tuple[str, str]:
     return before, digest
 
 
-def test_a_left_join_records_its_packed_fields() -> None:
-    """A left join keeps a timer a key, and since JOIN_PACKED_ROWS its sides' fields as bytes: a checkpoint of plain
-    JOIN_STATE_PLAN, whose state holds them as structs, is set aside."""
-    assert packed(plan_of_join("orders-users-join.yaml", "left"))[0] == JOIN_STATE_PLAN
+def test_a_left_join_records_its_bucketed_state() -> None:
+    """A left join kept a timer a key, under plain JOIN_STATE_PLAN (with JOIN_PACKED_ROWS, its sides' fields as
+    bytes); now its keys are in buckets, with its own state variables: such a checkpoint is set aside, with or
+    without deduplicating sides, and an inner join's bucketed state is not read as a left join's."""
+    assert packed(plan_of_join("orders-users-join.yaml", "left"))[0] == JOIN_STATE_PLAN + LEFT_JOIN_BUCKETS
+    assert packed(plan_of_join("dedup-then-join.yaml", "left"))[0] == JOIN_DEDUP_BUCKETS_PLAN + LEFT_JOIN_BUCKETS
+    assert LEFT_JOIN_BUCKETS != JOIN_BUCKETS
 
 
 def test_an_inner_join_records_its_bucketed_state() -> None:
@@ -53,7 +62,8 @@ def test_an_inner_join_records_its_bucketed_state() -> None:
 
 def test_a_join_with_a_deduplicating_side_records_its_bucketed_state() -> None:
     """Its sides' dedup state was a value and a timer a key under JOIN_STATE_PLAN: such a checkpoint is set aside."""
-    assert packed(plan_of_join("dedup-then-join.yaml", "left"))[0] == JOIN_DEDUP_BUCKETS_PLAN != JOIN_STATE_PLAN
+    assert packed(plan_of_join("dedup-then-join.yaml", "left"))[0].startswith(JOIN_DEDUP_BUCKETS_PLAN)
+    assert JOIN_DEDUP_BUCKETS_PLAN != JOIN_STATE_PLAN
 
 
 def test_a_joins_plan_names_its_sides_fields() -> None:

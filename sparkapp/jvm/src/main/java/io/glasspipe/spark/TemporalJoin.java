@@ -18,9 +18,8 @@ import org.apache.spark.sql.types.StructType;
  * Entry point called from PySpark (py4j): a temporal join of two sides by key within an event-time
  * window ({@link JoinPairing}), done in {@code transformWithState} with event-time timers, so that eviction
  * costs the expired rows instead of a scan of the whole join state (Spark's stream-stream join, state format
- * v2, scans every micro-batch). An inner join groups keys in buckets with a timer a bucket
- * ({@link BucketJoinProcessor}); a left join, whose unmatched rows are due when the watermark passes their
- * window, keeps a timer a key ({@link JoinProcessor}).
+ * v2, scans every micro-batch). Keys are grouped in buckets with a timer a bucket ({@link BucketJoinProcessor}); a
+ * left join also sets a timer at the exact expiry of each left row that found no match on arrival.
  */
 public final class TemporalJoin {
   /** The grouping column of {@link BucketJoinProcessor}: the bucket of the key. */
@@ -132,17 +131,10 @@ public final class TemporalJoin {
     for (StructField f : schema.fields()) {
       out = out.add(f.name(), f.dataType(), true);
     }
-    Dataset<Row> joined;
-    if (leftOuter) {
-      joined = packed.groupBy(keyCols)
-          .as(Encoders.row(new StructType(keyFields)), Encoders.row(schema))
-          .transformWithState(new JoinProcessor(pairing, state), TimeMode.EventTime(), OutputMode.Append(),
-              Encoders.row(out));
-    } else {
-      joined = KeyBuckets.groupByBucket(packed, keyCols, BUCKET_COLUMN)
-          .transformWithState(new BucketJoinProcessor(pairing, keyIndexes, new StructType(keyFields), state),
-              TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
-    }
+    Dataset<Row> joined = KeyBuckets.groupByBucket(packed, keyCols, BUCKET_COLUMN)
+        .transformWithState(
+            new BucketJoinProcessor(pairing, leftOuter, keyIndexes, new StructType(keyFields), state),
+            TimeMode.EventTime(), OutputMode.Append(), Encoders.row(out));
     return joined
         .withColumn(leftCol, PackedRows.unpacked(functions.col(leftCol), leftType))
         .withColumn(rightCol, PackedRows.unpacked(functions.col(rightCol), rightType));
