@@ -67,8 +67,8 @@ class JoinStream:
             ((r.k, "joined" if r.side == JOIN_BOTH else "late" if r.late else f"side {r.side}",
               r.l.id if r.l else None, r.r.id if r.r else None) for r in df.collect()), key=in_order)
 
-    def step(self, rows: list[tuple[str, int, str, str]]) -> None:
-        """One micro-batch of (key, side, event time, id) rows, in Kafka order (partition 0)."""
+    def step(self, rows: list[tuple[str | None, int, str, str]]) -> None:
+        """One micro-batch of (key or NULL, side, event time, id) rows, in Kafka order (partition 0)."""
         tmp = self.src / f".f{self.n:04d}.json.tmp"
         tmp.write_text("".join(json.dumps({"k": k, "side": s, "ts": ts, "id": i, "p": 0, "o": 100 * self.n + j})
                                + "\n" for j, (k, s, ts, i) in enumerate(rows)))
