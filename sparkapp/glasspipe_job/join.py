@@ -16,10 +16,11 @@ The plan, per micro-batch (one query, both topics in one offset log):
   does not matter). A pair is emitted in the micro-batch in which its second record arrives.
 - State: per key, each side's records still inside their window, evicted by event-time timers once
   the watermark reaches ``t + window`` (a later record that is not late has ``t' > watermark``, so it
-  cannot match). A left join keeps a timer a key and emits a left record that matched nothing at that
-  watermark; an inner join keeps its keys in buckets with a timer a bucket, on a grid of half a
-  window, so a record may stay up to a grid step longer, which changes no match. Eviction reads the
-  expired keys or buckets only, so a micro-batch's cost does not grow with the state (Spark's
+  cannot match). Keys are kept in buckets with a timer a bucket, on a grid of half a window, so a
+  record may stay up to a grid step longer, which changes no match; a left join also sets a timer at the
+  expiry of each left record that found no match on arrival, and emits it at that watermark if it
+  never matched. Eviction reads the expired keys or buckets only, so a micro-batch's cost does not grow
+  with the state (Spark's
   stream-stream join, which this replaces, scanned its whole state every micro-batch: docs/semantics.md,
   Joins).
 - The joined row holds each side's fields in a struct column named after its source, so the output
@@ -40,7 +41,8 @@ The plan, per micro-batch (one query, both topics in one offset log):
   glasspipe). Plan ``""`` was Spark's join; ``/1`` ran a late-flag operator on every side, so its
   operators' state stores are numbered differently; a ``/2`` with a deduplicating side kept a value and a
   timer a key there (``JOIN_DEDUP_BUCKETS_PLAN`` since); an inner ``/2`` joined by key, with a timer a
-  key (``JOIN_BUCKETS`` is added to the plan since); until ``JOIN_PACKED_ROWS`` the operator kept each side's
+  key (``JOIN_BUCKETS`` is added to the plan since), a left ``/2`` too (``LEFT_JOIN_BUCKETS`` since);
+  until ``JOIN_PACKED_ROWS`` the operator kept each side's
   fields as a struct, not as its bytes. Since then the plan also names the sides' field types, so a change
   to a source's schema starts a new checkpoint the same way.
 - A dead or late row's dead letter has its own Kafka key, value and coordinates; a joined row has none.

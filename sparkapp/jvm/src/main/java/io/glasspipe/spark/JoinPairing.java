@@ -14,7 +14,7 @@ import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * The temporal join's rule, applied to one key's new rows of a micro-batch against the rows the key keeps, and the
- * row columns it reads and writes ({@link JoinProcessor} and {@link BucketJoinProcessor} hold the state). See
+ * row columns it reads and writes ({@link BucketJoinProcessor} holds the state). See
  * {@link TemporalJoin} for the input columns.
  *
  * <p>A left row and a right row of the same key match when {@code |t_left - t_right| <= window} (both bounds
