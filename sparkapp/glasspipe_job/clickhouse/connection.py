@@ -147,7 +147,8 @@ class Connection:
                 if not is_transient(e):
                     raise SinkError(describe(e)) from e
                 elapsed = self._clock() - start
-                if self.retry_deadline is not None and elapsed + delay > self.retry_deadline:
+                wait = delay * random.uniform(0.8, 1.2)  # jitter, so replicas do not retry in step
+                if self.retry_deadline is not None and elapsed + wait > self.retry_deadline:
                     raise SinkUnavailable(
                         f"{what} on ClickHouse {self.hosts} failed for {elapsed:.0f} s (retry deadline "
                         f"{self.retry_deadline:.0f} s), last error: {describe(e)}"
@@ -158,10 +159,10 @@ class Connection:
                     "%s: transient error (attempt %d, retrying in %.1f s): %s",
                     what,
                     attempt,
-                    delay,
+                    wait,
                     str(e).splitlines()[0] if str(e) else type(e).__name__,
                 )
                 if not isinstance(e, MutationPending):
                     self.reset()
-                self._sleep(delay * random.uniform(0.8, 1.2))
+                self._sleep(wait)  # never past the deadline: the check above counted this very wait
                 delay = min(delay * 2, self.max_backoff)
