@@ -13,8 +13,11 @@ It writes ``status`` through the status subresource with spark-operator's state 
     (new) -> SUBMITTED -> RUNNING                        the process started / has lived ``running_after`` s
     RUNNING -> FAILING -> PENDING_RERUN -> SUBMITTED     exit != 0, restartPolicy Always, or OnFailure with
                                                          executionAttempts <= onFailureRetries; the rerun is
-                                                         due onFailureRetryInterval * executionAttempts s after
+                                                         due onFailureRetryInterval * submissionAttempts s after
                                                          the last submission (so at once after a long run)
+    (submission) -> SUBMISSION_FAILED -> PENDING_RERUN   no driver pod could be made (say a namesake's still
+                                                         exists): executionAttempts stays, submissionAttempts
+                                                         grows; retried as above with onSubmissionFailure*
     RUNNING -> FAILED                                    exit != 0 and no retry (Never, retries used up)
     RUNNING -> SUCCEEDING -> PENDING_RERUN -> SUBMITTED  exit 0 with restartPolicy Always (at once)
     RUNNING -> COMPLETED                                 exit 0 otherwise
@@ -122,7 +125,8 @@ class Driver:
     name: str
     spec_hash: str
     state: str = ""
-    attempts: int = 0  # status.executionAttempts
+    attempts: int = 0  # status.executionAttempts: submissions that started a driver
+    submissions: int = 0  # status.submissionAttempts: every submission, failed ones too; retries back off by it
     proc: ServerProcess | None = None
     started: float = 0.0
     retry_at: float | None = None
@@ -226,7 +230,8 @@ class SparkOperatorStandIn:
         h = spec_hash(obj.get("spec") or {})
         status = obj.get("status") or {}
         if d is None:
-            d = Driver(uid, ns, name, h, attempts=int(status.get("executionAttempts") or 0))
+            d = Driver(uid, ns, name, h, attempts=int(status.get("executionAttempts") or 0),
+                       submissions=int(status.get("submissionAttempts") or 0))
             self.drivers[uid] = d
             prior = str((status.get("applicationState") or {}).get("state") or "")
             if prior in FINISHED:  # finished before this stand-in started: leave it be
@@ -239,7 +244,7 @@ class SparkOperatorStandIn:
             log.info("%s: spec changed: invalidating and resubmitting", d.key)
             self._write(d, INVALIDATING)
             self._stop_driver(d, "its spec changed")
-            d.spec_hash, d.attempts, d.retry_at = h, 0, None
+            d.spec_hash, d.attempts, d.submissions, d.retry_at = h, 0, 0, None
             self._write(d, PENDING_RERUN)
             d.submit_at = time.monotonic() + self.submit_seconds
             self._tick(d, obj)
@@ -321,7 +326,7 @@ class SparkOperatorStandIn:
         retry = kind == "Always" or (kind == "OnFailure" and retries is not None and d.attempts <= int(retries))
         if retry:
             interval = float(policy.get("onFailureRetryInterval", 5))
-            d.retry_at = d.submitted_at + interval * max(d.attempts, 1)  # util.TimeUntilNextRetryDue
+            d.retry_at = d.submitted_at + interval * max(d.submissions, 1)  # util.TimeUntilNextRetryDue
             self._write(d, FAILING, message, extra)
         else:
             self._write(d, FAILED, message, extra)
@@ -333,7 +338,8 @@ class SparkOperatorStandIn:
 
     def _submit(self, d: Driver, obj: dict[str, Any]) -> None:
         spec = obj.get("spec") or {}
-        d.attempts += 1
+        d.submissions += 1  # submitSparkApplication counts every submission; executionAttempts only a good one
+        d.submitted_at = time.monotonic()
         d.retry_at = None
         folder = driver_dir(self.work_dir, d.namespace, d.name)
         folder.mkdir(parents=True, exist_ok=True)
@@ -341,19 +347,16 @@ class SparkOperatorStandIn:
             env = self._driver_env(d.namespace, spec)
             env.update(self._secret_volumes(d.namespace, spec, folder))
         except (ApiException, KeyError, ValueError) as e:
-            policy = spec.get("restartPolicy") or {}
-            d.retry_at = time.monotonic() + float(policy.get("onSubmissionFailureRetryInterval", 20))
-            self._write(d, SUBMISSION_FAILED, f"cannot build the driver's environment: {e}")
+            self._submission_failed(d, spec, f"cannot build the driver's environment: {e}")
             return
         self._delete_pod(d, grace=0, only_own=True)  # the previous attempt's pod, as before a rerun
         d.metrics_port = free_port()
         try:
             self._create_pod(d, obj)
         except ApiException as e:  # e.g. a namesake's driver pod still terminating
-            d.retry_at = time.monotonic() + float((spec.get("restartPolicy") or {}).get(
-                "onSubmissionFailureRetryInterval", 20))
-            self._write(d, SUBMISSION_FAILED, f"cannot create driver pod {self._pod_name(d)}: {e.status} {e.reason}")
+            self._submission_failed(d, spec, f"cannot create driver pod {self._pod_name(d)}: {e.status} {e.reason}")
             return
+        d.attempts += 1
         entry = [str(self.job_script)] if self.job_script else ["-m", JOB_MODULE]
         argv = [self.python, *entry, *[str(a) for a in spec.get("arguments") or []],
                 "--local", f"--metrics-port={d.metrics_port}"]
@@ -364,18 +367,27 @@ class SparkOperatorStandIn:
         d.proc = ServerProcess(f"driver {d.key}", argv, log_path, env=env, cwd=folder).start()
         assert d.proc.proc is not None
         self._pid_file(d).write_text(f"{d.proc.proc.pid}\n")
-        d.started = d.submitted_at = time.monotonic()
+        d.started = time.monotonic()
         # The kubelet's part: the pod runs here, so the operator reads the job's metrics at 127.0.0.1.
         self._set_pod_phase(d, "Running", {"podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}]})
         log.info("%s: submitted attempt %d, pid %d, log %s", d.key, d.attempts, d.proc.proc.pid, log_path)
         self._write(d, SUBMITTED, extra={
-            "submissionAttempts": d.attempts,
             "lastSubmissionAttemptTime": now_rfc3339(),
             "submissionID": str(uuid.uuid4()),
             "sparkApplicationId": f"local-{d.proc.proc.pid}",
             "driverInfo": {"podName": f"{d.name}-driver"},
             "terminationTime": None,
         })
+
+    def _submission_failed(self, d: Driver, spec: dict[str, Any], message: str) -> None:
+        """SUBMISSION_FAILED: no driver, executionAttempts unchanged; a retry (util.ShouldRetry) is due
+        onSubmissionFailureRetryInterval * submissionAttempts s after this submission."""
+        policy = spec.get("restartPolicy") or {}
+        kind, retries = policy.get("type", "Never"), policy.get("onSubmissionFailureRetries")
+        if kind == "Always" or (kind == "OnFailure" and retries is not None and d.submissions <= int(retries)):
+            d.retry_at = d.submitted_at + float(policy.get("onSubmissionFailureRetryInterval", 20)) * d.submissions
+        log.warning("%s: submission %d failed: %s", d.key, d.submissions, message)
+        self._write(d, SUBMISSION_FAILED, message)
 
     def _driver_env(self, namespace: str, spec: dict[str, Any]) -> dict[str, str]:
         driver = spec.get("driver") or {}
@@ -484,7 +496,8 @@ class SparkOperatorStandIn:
     def _write(self, d: Driver, state: str, error: str = "", extra: dict[str, Any] | None = None) -> None:
         """Merge-patch status (conditional on the uid, so a re-created namesake is never written)."""
         status: dict[str, Any] = {"applicationState": {"state": state, "errorMessage": error},
-                                  "driverInfo": {}, "executionAttempts": d.attempts, **(extra or {})}
+                                  "driverInfo": {}, "executionAttempts": d.attempts,
+                                  "submissionAttempts": d.submissions, **(extra or {})}
         body = {"metadata": {"uid": d.uid}, "status": status}
         if state != d.state:
             log.info("%s: %s -> %s%s", d.key, d.state or "NEW", state, f" ({error.splitlines()[0]})" if error else "")
@@ -577,6 +590,14 @@ class StandInProcess:
 
     def log_tail(self, lines: int = 40) -> str:
         return "\n".join(self.log_lines()[-lines:])
+
+    def driver_logs_tail(self, namespace: str, name: str, lines: int = 30) -> str:
+        """The end of every attempt's driver log of one application: why an attempt ended, for a failed test."""
+        parts = []
+        for path in sorted(driver_dir(self.work_dir, namespace, name).glob("*-attempt-*.log")):
+            tail = path.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {path.name}:\n" + "\n".join(tail))
+        return "\n".join(parts)
 
     def stop(self) -> None:
         """SIGTERM (the stand-in stops its drivers), then kill any driver left behind: no JVM outlives a test."""

@@ -77,14 +77,21 @@ def app_states(op: Operator, ns: str) -> dict[str, tuple[str, int, str]]:
     return out
 
 
-def wait_running(op: Operator, ns: str, names: list[str], attempts: dict[str, int] | None = None) -> None:
+def wait_running(op: Operator, standin: StandIn, ns: str, names: list[str],
+                 attempts: dict[str, int] | None = None) -> None:
     def check() -> bool:
         states = app_states(op, ns)
         assert sorted(states) == sorted(names), states
         assert all(states[n][0] == "RUNNING" for n in names), states
         assert all(states[n][1] == k for n, k in (attempts or {}).items()), states
         return True
-    wait_for(check, f"{names} RUNNING", APP_TIMEOUT, op, interval=1.0)
+    try:
+        wait_for(check, f"{names} RUNNING", APP_TIMEOUT, op, interval=1.0)
+    except BaseException:
+        print(f"stand-in log:\n{standin.log_tail(60)}")
+        for n in names:
+            print(f"driver logs of {n}:\n{standin.driver_logs_tail(ns, n)}")
+        raise
 
 
 def wait_settled(kafka: KafkaServer, ch: ClickHouseServer, group: str, topic: str, table: str, rows: int,
@@ -144,7 +151,7 @@ def test_apply_scale_crash_delete(tmp_path: Path, kafka: KafkaServer, clickhouse
     produce(kafka.bootstrap, topic, records)
     clock.mark(f"applied {NAME} in {ns}; produced {len(records)} events, 2000 keys")
 
-    wait_running(op, ns, [f"{NAME}-0"], {f"{NAME}-0": 1})
+    wait_running(op, standin, ns, [f"{NAME}-0"], {f"{NAME}-0": 1})
     clock.mark("SparkApplication sms-dedup-0 RUNNING")
     op.wait_condition(ns, NAME, "Ready", "True", "AllReplicasRunning", timeout=60)
     clock.mark("GlassPipeline Ready=True")
@@ -157,7 +164,7 @@ def test_apply_scale_crash_delete(tmp_path: Path, kafka: KafkaServer, clickhouse
     # ---- (2) kubectl scale to 2 replicas: stop-first replacement, then more events (incl. repeats of old keys)
     mark = len(standin.log_lines())
     op.k("scale", f"{GP}/{NAME}", "-n", ns, "--replicas=2")
-    wait_running(op, ns, [f"{NAME}-0", f"{NAME}-1"], {f"{NAME}-0": 1, f"{NAME}-1": 1})
+    wait_running(op, standin, ns, [f"{NAME}-0", f"{NAME}-1"], {f"{NAME}-0": 1, f"{NAME}-1": 1})
     clock.mark("scaled: sms-dedup-0 and sms-dedup-1 RUNNING")
     op.wait_condition(ns, NAME, "Ready", "True", "AllReplicasRunning", timeout=60)
     clock.mark("GlassPipeline Ready=True (2 replicas)")
@@ -207,7 +214,7 @@ def test_apply_scale_crash_delete(tmp_path: Path, kafka: KafkaServer, clickhouse
         return any(e["type"] == "Warning" and e["reason"] in ("ReplicaFailed", "ReplicaRestarting") for e in events)
     wait_for(warned, "a Warning event ReplicaFailed or ReplicaRestarting", 60, op, interval=1.0)
 
-    wait_running(op, ns, [f"{NAME}-0", f"{NAME}-1"], {f"{NAME}-0": 1, f"{NAME}-1": 2})
+    wait_running(op, standin, ns, [f"{NAME}-0", f"{NAME}-1"], {f"{NAME}-0": 1, f"{NAME}-1": 2})
     clock.mark(f"{NAME}-1 rerun (restartPolicy Always), attempt 2 RUNNING")
     op.wait_condition(ns, NAME, "Ready", "True", "AllReplicasRunning", timeout=60)
     assert op.condition(ns, NAME, "Degraded")["status"] == "False"

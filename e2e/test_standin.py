@@ -135,6 +135,22 @@ def test_a_deleted_driver_pod_is_rerun_at_once(cluster: Cluster) -> None:
     assert pod is not None and not pod["metadata"].get("deletionTimestamp")
 
 
+def test_a_failed_submission_counts_as_a_submission_not_an_execution(cluster: Cluster) -> None:
+    """A driver pod that cannot be created (a namesake pod that is not the application's is in the way):
+    SUBMISSION_FAILED with executionAttempts 0 and submissionAttempts 1, retried after
+    onSubmissionFailureRetryInterval x 1; the retry that starts a driver is execution 1, submission 2."""
+    blocker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "blocked-driver", "namespace": cluster.ns},
+               "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "spark"}]}}
+    cluster.kube.kubectl("apply", "-f", "-", input=json.dumps(blocker))
+    cluster.create("blocked", {"type": "Always", "onSubmissionFailureRetryInterval": 2}, sleep=3600)
+    _, _, error = cluster.wait("blocked", "SUBMISSION_FAILED", 0)
+    assert "cannot create driver pod blocked-driver: 409" in error, error
+    assert (cluster.get("blocked") or {})["status"]["submissionAttempts"] == 1
+    cluster.kube.kubectl("delete", "pod", "blocked-driver", "-n", cluster.ns, "--grace-period=0", "--force")
+    cluster.wait("blocked", "RUNNING", 1)
+    assert (cluster.get("blocked") or {})["status"]["submissionAttempts"] == 2
+
+
 def test_always_restarts_a_completed_driver(cluster: Cluster) -> None:
     cluster.create("always", {"type": "Always", "onFailureRetryInterval": 1}, sleep=1.5, exit=0)
     wait_for(lambda: cluster.state("always")[1] >= 3, "3 executions", 30, interval=0.2)

@@ -35,8 +35,9 @@ def app_error_message(obj: dict[str, Any]) -> str:
 
 
 def execution_attempts(obj: dict[str, Any]) -> int:
-    """``status.executionAttempts``: spark-operator adds one per submission and keeps the count across
-    reruns (it resets it only when a spec change invalidates the application)."""
+    """``status.executionAttempts``: spark-operator adds one per submission that started a driver (a failed
+    submission counts in ``submissionAttempts`` only) and keeps the count across reruns (it resets it only
+    when a spec change invalidates the application)."""
     return int((obj.get("status") or {}).get("executionAttempts") or 0)
 
 
