@@ -28,8 +28,9 @@ as spark-operator v2.5.2 does (internal/controller/sparkapplication/controller.g
 real one (it holds the state it had until spark-submit returns). ``errorMessage`` carries the exit
 code/signal and the tail of the driver's log; PENDING_RERUN clears it, as the real one does.
 
-``kubectl delete pod`` of a running driver: the stand-in plays the kubelet (SIGTERM to the process group,
-SIGKILL after the pod's grace period, the pod object removed once the process has exited) and then
+``kubectl delete pod`` of a running driver: the stand-in plays the kubelet and glasspipe's image (SIGTERM to
+the job's Python process only, as the image's entrypoint forwards it there and not to the JVM; SIGKILL to the
+whole process group after the pod's grace period, the pod object removed once the process has exited) and then
 spark-operator (the exit code decides FAILING or SUCCEEDING, and with restartPolicy Always a rerun).
 
 Driver pods, as spark-operator and the kubelet make them: each submission creates a Pod object
@@ -37,7 +38,7 @@ Driver pods, as spark-operator and the kubelet make them: each submission create
 a node that does not exist) whose ``status.phase`` follows the process (Running, then Succeeded or
 Failed). Deletion, as spark-operator v2 does it: the application carries the finalizer
 ``sparkoperator.k8s.io/finalizer``; when it is deleted the stand-in only *asks* for the driver pod's
-deletion (graceful: SIGTERM to the process group now, SIGKILL after ``kill_grace`` s) and removes the
+deletion (graceful: SIGTERM to the job's Python now, SIGKILL after ``kill_grace`` s) and removes the
 finalizer at once, so the application is gone while its driver may still be writing. The pod object
 stays, with a deletionTimestamp, until the process has exited (the kubelet's part). A spec change is
 different: spark-operator waits until the old driver's resources are gone before it resubmits.
@@ -62,6 +63,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -290,8 +292,7 @@ class SparkOperatorStandIn:
                 return
             d.pod_deleted = True
             d.kill_at = time.monotonic() + grace
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(d.proc.proc.pid, signal.SIGTERM)
+            self._sigterm(d)
             log.info("%s: driver pod deleted: SIGTERM to driver pid %d (grace %.0f s)", d.key, d.proc.proc.pid, grace)
         elif d.kill_at is not None and time.monotonic() >= d.kill_at:
             log.warning("%s: driver pid %d outlived its pod's grace period: SIGKILL", d.key, d.proc.proc.pid)
@@ -438,12 +439,26 @@ class SparkOperatorStandIn:
         assert d.proc.proc is not None
         pid = d.proc.proc.pid
         started = time.monotonic()
-        d.proc.stop(timeout=self.kill_grace)
+        self._sigterm(d)
+        try:
+            d.proc.proc.wait(timeout=self.kill_grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            d.proc.proc.wait(timeout=10)
         log.info("%s: driver pid %d stopped (%s) with code %s in %.1f s", d.key, pid, why,
                  d.proc.proc.returncode, time.monotonic() - started)
         d.proc = None
         self._forget_pid(d, pid)
         self._delete_pod(d, grace=0)
+
+    @staticmethod
+    def _sigterm(d: Driver) -> None:
+        """SIGTERM where glasspipe's image sends it (dev/images/spark-entrypoint.sh): to the job's Python, which
+        finishes its micro-batch and stops; the JVM, its child, exits when the Python side closes its stdin."""
+        assert d.proc is not None and d.proc.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(d.proc.proc.pid, signal.SIGTERM)
 
     def _terminate(self, d: Driver, why: str) -> None:
         """A graceful pod deletion: SIGTERM now, the pod object stays until the driver has exited."""
@@ -451,8 +466,7 @@ class SparkOperatorStandIn:
             self._delete_pod(d, grace=0)
             return
         assert d.proc.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(d.proc.proc.pid, signal.SIGTERM)
+        self._sigterm(d)
         d.kill_at = time.monotonic() + self.kill_grace
         self._delete_pod(d, grace=int(self.kill_grace))
         self.terminating.append(d)
