@@ -339,6 +339,12 @@ class SparkOperatorStandIn:
 
     def _submit(self, d: Driver, obj: dict[str, Any]) -> None:
         spec = obj.get("spec") or {}
+        try:  # the previous attempt's pod goes first: PENDING_RERUN waits until it is gone, then submits
+            self._delete_pod(d, grace=0, only_own=True)
+        except ApiException as e:  # controller-runtime requeues the application: try again shortly
+            d.submit_at = time.monotonic() + 1.0
+            log.warning("%s: cannot delete the previous driver pod yet: %s %s", d.key, e.status, e.reason)
+            return
         d.submissions += 1  # submitSparkApplication counts every submission; executionAttempts only a good one
         d.submitted_at = time.monotonic()
         d.retry_at = None
@@ -350,7 +356,6 @@ class SparkOperatorStandIn:
         except (ApiException, KeyError, ValueError) as e:
             self._submission_failed(d, spec, f"cannot build the driver's environment: {e}")
             return
-        self._delete_pod(d, grace=0, only_own=True)  # the previous attempt's pod, as before a rerun
         d.metrics_port = free_port()
         try:
             self._create_pod(d, obj)
