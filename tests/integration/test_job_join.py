@@ -51,7 +51,9 @@ class Join:
     """One of the join examples on fresh topics and a fresh table."""
 
     def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, example: str, *,
-                 join_type: str | None = None, partitions: int = 2, max_per_trigger: int | None = None,
+                 join_type: str | None = None, join_window: str | None = None, lateness: str | None = None,
+                 partitions: int = 2,
+                 max_per_trigger: int | None = None,
                  extra_columns: list[dict[str, str]] | None = None, without_dedup: Sequence[str] = (),
                  **batching: Any) -> None:
         suffix = uuid.uuid4().hex[:8]
@@ -70,11 +72,16 @@ class Join:
         for s in spec["sources"]:
             if s["name"] in without_dedup:
                 del s["deduplication"]
+        if lateness:
+            for s in spec["sources"]:
+                s["eventTime"]["allowedLateness"] = lateness
         if max_per_trigger:
             for s in spec["sources"]:
                 s["kafka"]["maxOffsetsPerTrigger"] = max_per_trigger
         if join_type:
             spec["join"]["type"] = join_type
+        if join_window:
+            spec["join"]["window"] = join_window
         spec["sink"]["clickhouse"]["table"] = self.table
         spec["sink"]["clickhouse"]["columns"] += extra_columns or []
         spec["sink"]["clickhouse"].setdefault("batching", {}).update(batching)
@@ -199,24 +206,12 @@ def test_dedup_then_join_writes_no_duplicate_joined_rows_and_dead_letters_both_s
     assert "dead-lettered 3" in first, first
 
 
-def test_sigkill_at_random_moments_joined_output_exact(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
-) -> None:
-    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml", join_type="inner", partitions=2,
-             max_per_trigger=600, maxRows=500, maxDelay="200ms")
-    rng = random.Random(7)
-    n_orders, n_users = 12_000, 2_000
-    users = [user(f"u{i}", f"c{i % 7}", T0 + timedelta(milliseconds=150 * i)) for i in range(n_users)]
-    orders: list[tuple[bytes, bytes]] = []
-    for i in range(n_orders):
-        orders.append(order(f"o{i:06d}", f"u{rng.randrange(n_users)}", T0 + timedelta(milliseconds=25 * i)))
-        if i > 10 and rng.random() < 0.08:  # a repeat of a recent order (inside the dedup window)
-            orders.append(orders[-rng.randrange(2, 10)])
-    j.produce(orders=orders, users=users)
-    wanted_kills = 6
+def kill_repeatedly(j: Join, rng: random.Random, total: int, wanted_kills: int = 6) -> list[int]:
+    """Run the join continuously and SIGKILL it at a random moment after it has written something, again and
+    again; then run it to the end. Returns the row counts after each kill (each kill must land mid-stream)."""
     kills, counts = 0, []
     while kills < wanted_kills:
-        job = start_continuous(j.path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", j.ckpt, tmp_path / "job.log")
+        job = start_continuous(j.path, j.kafka.bootstrap, f"127.0.0.1:{j.ch.port}", j.ckpt, j.tmp / "job.log")
         try:
             before = j.count()
             deadline = time.monotonic() + 120
@@ -231,19 +226,76 @@ def test_sigkill_at_random_moments_joined_output_exact(
             job.kill()
         kills += 1
         counts.append(j.count())
-        if counts[-1] >= n_orders:
+        if counts[-1] >= total:
             break
+    # Every kill must land mid-stream: a kill after the last row proves nothing about a crash.
+    assert kills == wanted_kills, f"the job finished after {kills} kills ({counts}): make the stream longer"
+    assert all(c < total for c in counts), f"a kill came after the last row: {counts}"
+    return counts
+
+
+def test_sigkill_at_random_moments_joined_output_exact(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml", join_type="inner", partitions=2,
+             max_per_trigger=600, maxRows=500, maxDelay="200ms")
+    rng = random.Random(7)
+    n_orders, n_users = 12_000, 2_000
+    users = [user(f"u{i}", f"c{i % 7}", T0 + timedelta(milliseconds=150 * i)) for i in range(n_users)]
+    orders: list[tuple[bytes, bytes]] = []
+    for i in range(n_orders):
+        orders.append(order(f"o{i:06d}", f"u{rng.randrange(n_users)}", T0 + timedelta(milliseconds=25 * i)))
+        if i > 10 and rng.random() < 0.08:  # a repeat of a recent order (inside the dedup window)
+            orders.append(orders[-rng.randrange(2, 10)])
+    j.produce(orders=orders, users=users)
+    counts = kill_repeatedly(j, rng, n_orders)
     summary = j.run()
     rows, distinct, unmatched = clickhouse.client().execute(
         f"SELECT count(), uniqExact(order_id), countIf(country IS NULL) FROM {j.table}")[0]
-    print(f"kills: {kills}, rows after each kill: {counts}, final: {summary}")
-    # Every kill must land mid-stream: a kill after the last row proves nothing about a crash.
-    assert kills == wanted_kills, f"the job finished after {kills} kills ({counts}): make the stream longer"
-    assert all(c < n_orders for c in counts), f"a kill came after the last row: {counts}"
+    print(f"rows after each kill: {counts}, final: {summary}")
     assert (rows, distinct, unmatched) == (n_orders, n_orders, 0)
     expected = {f"o{i:06d}" for i in range(n_orders)}
     landed = {r[0] for r in clickhouse.client().execute(f"SELECT order_id FROM {j.table}")}
     assert landed == expected
+
+
+def test_sigkill_at_random_moments_left_join_output_exact(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """A left join with a 10 s window and 30 s lateness over 5 minutes of event time, SIGKILLed six times:
+    orders whose user never comes are emitted with NULLs while the stream runs (their windows close
+    mid-stream, so kills fall between a key's pending timer and its bucket's sweep), each exactly once, and
+    every matched order once with its own user's country."""
+    j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml", join_type="left", join_window="10s",
+             lateness="30s", partitions=2, max_per_trigger=600, maxRows=500, maxDelay="200ms")
+    rng = random.Random(11)
+    n_orders, n_users = 12_000, 2_000
+    users = [user(f"u{i}", f"c{i % 7}", T0 + timedelta(milliseconds=150 * i)) for i in range(n_users)]
+    orders: list[tuple[bytes, bytes]] = []
+    want: dict[str, str | None] = {}  # order_id -> the country it must land with (None: no user)
+    for i in range(n_orders):
+        oid = f"o{i:06d}"
+        if rng.random() < 0.1:
+            uid, want[oid] = f"ghost{i}", None
+        else:  # a user whose update lies within a second of the order: always inside the 10 s window
+            u = min(max(i // 6 + rng.randrange(-3, 4), 0), n_users - 1)
+            uid, want[oid] = f"u{u}", f"c{u % 7}"
+        orders.append(order(oid, uid, T0 + timedelta(milliseconds=25 * i)))
+        if i > 10 and rng.random() < 0.08:  # a repeat of a recent order (inside the dedup window)
+            orders.append(orders[-rng.randrange(2, 10)])
+    j.produce(orders=orders, users=users)
+    counts = kill_repeatedly(j, rng, n_orders)
+    mid = clickhouse.client().execute(f"SELECT countIf(country IS NULL) FROM {j.table}")[0][0]
+    # An hour later on both topics: the watermark passes every window, and the last ghosts come out.
+    flush = T0 + timedelta(hours=1)
+    j.produce(orders=[order("z-flush", "u-flush", flush)], users=[user("u-flush", "cz", flush)])
+    summary = j.run()
+    want["z-flush"] = "cz"
+    got = clickhouse.client().execute(f"SELECT order_id, country FROM {j.table}")
+    print(f"rows after each kill: {counts}; NULL rows before the flush: {mid}; final: {summary}")
+    assert len(got) == len(want), f"{len(got)} rows for {len(want)} orders"
+    assert dict(got) == want
+    assert mid > 0, "no unmatched order was emitted while the job was being killed: the test proves less"
 
 
 @pytest.mark.parametrize("dedup_on", [("orders", "users"), ("orders",), ()], ids=["both", "left-only", "none"])
