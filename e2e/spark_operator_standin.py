@@ -15,9 +15,11 @@ It writes ``status`` through the status subresource with spark-operator's state 
                                                          executionAttempts <= onFailureRetries; the rerun is
                                                          due onFailureRetryInterval * submissionAttempts s after
                                                          the last submission (so at once after a long run)
-    (submission) -> SUBMISSION_FAILED -> PENDING_RERUN   no driver pod could be made (say a namesake's still
+    (submission) -> SUBMISSION_FAILED -> SUBMITTED       no driver pod could be made (say a namesake's still
                                                          exists): executionAttempts stays, submissionAttempts
-                                                         grows; retried as above with onSubmissionFailure*
+                                                         grows; resubmitted directly (no PENDING_RERUN) after
+                                                         onSubmissionFailureRetryInterval * submissionAttempts
+                                                         s, or FAILED when no retry is left
     RUNNING -> FAILED                                    exit != 0 and no retry (Never, retries used up)
     RUNNING -> SUCCEEDING -> PENDING_RERUN -> SUBMITTED  exit 0 with restartPolicy Always (at once)
     RUNNING -> COMPLETED                                 exit 0 otherwise
@@ -268,7 +270,8 @@ class SparkOperatorStandIn:
             return
         if d.state in (FAILING, SUCCEEDING, SUBMISSION_FAILED) and d.retry_at is not None and now >= d.retry_at:
             d.retry_at = None
-            self._write(d, PENDING_RERUN)  # clears errorMessage, as resetSparkApplicationStatus does
+            if d.state != SUBMISSION_FAILED:  # a failed submission is resubmitted as it stands
+                self._write(d, PENDING_RERUN)  # clears errorMessage, as resetSparkApplicationStatus does
             d.submit_at = now + self.submit_seconds
         if d.submit_at is not None and now >= d.submit_at:
             d.submit_at = None
@@ -390,10 +393,13 @@ class SparkOperatorStandIn:
         onSubmissionFailureRetryInterval * submissionAttempts s after this submission."""
         policy = spec.get("restartPolicy") or {}
         kind, retries = policy.get("type", "Never"), policy.get("onSubmissionFailureRetries")
-        if kind == "Always" or (kind == "OnFailure" and retries is not None and d.submissions <= int(retries)):
-            d.retry_at = d.submitted_at + float(policy.get("onSubmissionFailureRetryInterval", 20)) * d.submissions
+        retry = kind == "Always" or (kind == "OnFailure" and retries is not None and d.submissions <= int(retries))
         log.warning("%s: submission %d failed: %s", d.key, d.submissions, message)
-        self._write(d, SUBMISSION_FAILED, message)
+        self._write(d, SUBMISSION_FAILED, message, {"lastSubmissionAttemptTime": now_rfc3339()})
+        if retry:
+            d.retry_at = d.submitted_at + float(policy.get("onSubmissionFailureRetryInterval", 20)) * d.submissions
+        else:  # reconcileFailedSubmissionSparkApplication: no retry left
+            self._write(d, FAILED, message, {"terminationTime": now_rfc3339()})
 
     def _driver_env(self, namespace: str, spec: dict[str, Any]) -> dict[str, str]:
         driver = spec.get("driver") or {}

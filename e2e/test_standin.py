@@ -138,17 +138,32 @@ def test_a_deleted_driver_pod_is_rerun_at_once(cluster: Cluster) -> None:
 def test_a_failed_submission_counts_as_a_submission_not_an_execution(cluster: Cluster) -> None:
     """A driver pod that cannot be created (a namesake pod that is not the application's is in the way):
     SUBMISSION_FAILED with executionAttempts 0 and submissionAttempts 1, retried after
-    onSubmissionFailureRetryInterval x 1; the retry that starts a driver is execution 1, submission 2."""
+    onSubmissionFailureRetryInterval x 1 without PENDING_RERUN; the retry that starts a driver is execution 1,
+    submission 2."""
     blocker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "blocked-driver", "namespace": cluster.ns},
                "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "spark"}]}}
     cluster.kube.kubectl("apply", "-f", "-", input=json.dumps(blocker))
-    cluster.create("blocked", {"type": "Always", "onSubmissionFailureRetryInterval": 2}, sleep=3600)
+    cluster.create("blocked", {"type": "Always", "onSubmissionFailureRetryInterval": 3}, sleep=3600)
     _, _, error = cluster.wait("blocked", "SUBMISSION_FAILED", 0)
     assert "cannot create driver pod blocked-driver: 409" in error, error
     assert (cluster.get("blocked") or {})["status"]["submissionAttempts"] == 1
     cluster.kube.kubectl("delete", "pod", "blocked-driver", "-n", cluster.ns, "--grace-period=0", "--force")
     cluster.wait("blocked", "RUNNING", 1)
-    assert (cluster.get("blocked") or {})["status"]["submissionAttempts"] == 2
+    assert (cluster.get("blocked") or {})["status"]["submissionAttempts"] >= 2  # 3 should a retry beat the delete
+    log = cluster.standin.log_tail(200)  # resubmitted as it stands, as reconcileFailedSubmissionSparkApplication does
+    assert "blocked: SUBMISSION_FAILED -> SUBMITTED" in log and "blocked: SUBMISSION_FAILED -> PENDING_RERUN" not in log
+
+
+def test_a_failed_submission_without_retries_is_failed(cluster: Cluster) -> None:
+    """restartPolicy Never: SUBMISSION_FAILED, then FAILED at once (no retry left), never a driver."""
+    blocker = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "once-driver", "namespace": cluster.ns},
+               "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "spark"}]}}
+    cluster.kube.kubectl("apply", "-f", "-", input=json.dumps(blocker))
+    cluster.create("once", {"type": "Never"}, sleep=3600)
+    _, _, error = cluster.wait("once", "FAILED", 0)
+    assert "cannot create driver pod once-driver: 409" in error, error
+    assert "once: SUBMISSION_FAILED -> FAILED" in cluster.standin.log_tail(200)
+    assert cluster.standin.driver_pid(cluster.ns, "once") is None
 
 
 def test_always_restarts_a_completed_driver(cluster: Cluster) -> None:
