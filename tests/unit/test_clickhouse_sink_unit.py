@@ -497,9 +497,9 @@ def test_transient_error_rechecks_presence_before_reinserting() -> None:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_retry_deadline_gives_up_with_sink_unavailable(seed: int) -> None:
+def test_retry_deadline_gives_up_with_sink_unavailable(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Whatever the jitter draws (seeded here, so that a failure repeats), no wait crosses the deadline."""
-    random.seed(seed)
+    monkeypatch.setattr(random, "uniform", random.Random(seed).uniform)
     now = [0.0]
     fake = FakeClient("18.16.1", fail_inserts=[errors.NetworkError("Connection refused")] * 100)
     sink = ClickHouseSink(
