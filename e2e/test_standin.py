@@ -152,6 +152,7 @@ def test_a_failed_submission_counts_as_a_submission_not_an_execution(cluster: Cl
     assert (cluster.get("blocked") or {})["status"]["submissionAttempts"] >= 2  # 3 should a retry beat the delete
     log = cluster.standin.log_tail(200)  # resubmitted as it stands, as reconcileFailedSubmissionSparkApplication does
     assert "blocked: SUBMISSION_FAILED -> SUBMITTED" in log and "blocked: SUBMISSION_FAILED -> PENDING_RERUN" not in log
+    cluster.kube.kubectl("delete", SPARKAPPS, "blocked", "-n", cluster.ns, "--wait=false")  # one driver fewer to watch
 
 
 def test_a_failed_submission_without_retries_is_failed(cluster: Cluster) -> None:
@@ -164,6 +165,7 @@ def test_a_failed_submission_without_retries_is_failed(cluster: Cluster) -> None
     assert "cannot create driver pod once-driver: 409" in error, error
     assert "once: SUBMISSION_FAILED -> FAILED" in cluster.standin.log_tail(200)
     assert cluster.standin.driver_pid(cluster.ns, "once") is None
+    cluster.kube.kubectl("delete", SPARKAPPS, "once", "-n", cluster.ns, "--wait=false")
 
 
 def test_always_restarts_a_completed_driver(cluster: Cluster) -> None:
@@ -178,13 +180,16 @@ def test_spec_change_resubmits_and_delete_stops_the_driver(cluster: Cluster) -> 
     cluster.wait("long", "RUNNING", 1)
     first = cluster.standin.driver_pid(cluster.ns, "long")
     assert first is not None
+    mark = len(cluster.standin.log_lines())
     cluster.create("long", {"type": "Always"}, sleep=3601)  # a spec change
+    # until the stand-in has seen the change, the old driver's RUNNING (attempt 1) is still the status
+    wait_for(lambda: any("long: RUNNING -> INVALIDATING" in line for line in cluster.standin.log_lines()[mark:]),
+             "the spec change to invalidate long", 30, interval=0.2)
     cluster.wait("long", "RUNNING", 1)
     second = cluster.standin.driver_pid(cluster.ns, "long")
     assert second is not None and second != first
     with pytest.raises(ProcessLookupError):
         os.kill(first, 0)
-    assert "long: RUNNING -> INVALIDATING" in cluster.standin.log_tail(200)
 
     cluster.kube.kubectl("delete", SPARKAPPS, "long", "-n", cluster.ns, "--wait=false")
     wait_for(lambda: cluster.get("long") is None, "long to be gone", 30, interval=0.2)
