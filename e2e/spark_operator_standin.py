@@ -65,7 +65,6 @@ import logging
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -450,13 +449,7 @@ class SparkOperatorStandIn:
         assert d.proc.proc is not None
         pid = d.proc.proc.pid
         started = time.monotonic()
-        self._sigterm(d)
-        try:
-            d.proc.proc.wait(timeout=self.kill_grace)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            d.proc.proc.wait(timeout=10)
+        d.proc.stop(timeout=self.kill_grace, term_group=False)  # SIGTERM where the image sends it (_sigterm)
         log.info("%s: driver pid %d stopped (%s) with code %s in %.1f s", d.key, pid, why,
                  d.proc.proc.returncode, time.monotonic() - started)
         d.proc = None

@@ -138,12 +138,16 @@ class ServerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def stop(self, timeout: float = 20.0) -> None:
-        """SIGTERM the whole process group, then SIGKILL if it lingers."""
+    def stop(self, timeout: float = 20.0, *, term_group: bool = True) -> None:
+        """SIGTERM the whole process group (or only its leader, ``term_group=False``, for a leader that stops its
+        own children), then SIGKILL the group if it lingers."""
         if self.proc is None or self.proc.poll() is not None:
             return
         pgid = os.getpgid(self.proc.pid)
-        os.killpg(pgid, signal.SIGTERM)
+        if term_group:
+            os.killpg(pgid, signal.SIGTERM)
+        else:
+            os.kill(self.proc.pid, signal.SIGTERM)
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
