@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -202,6 +203,7 @@ def temporal_join(
     right_col: str,
     window_seconds: float,
     left_outer: bool,
+    closed_left: Mapping[int, Sequence[tuple[int, int]]] | None = None,
 ) -> DataFrame:
     """Temporal join of two sides unioned in ``df`` (``io.glasspipe.spark.TemporalJoin``): grouped by
     ``keys``, a left row (``side_col`` = JOIN_LEFT) and a right row (JOIN_RIGHT) match when their event
@@ -213,13 +215,22 @@ def temporal_join(
     ``late_col`` true, or NULL and at or below the watermark, pass through at once (late flag true)
     without entering state. The query must define a watermark upstream, but no column of ``df`` may
     carry its mark (Spark would drop late rows first); the result has ``df``'s columns and no
-    watermark, so nothing stateful may follow.
+    watermark, so nothing stateful may follow. ``closed_left``: after a hand-over, per Kafka partition of the left
+    side, (end offset, closed event time ms) of each earlier writer (``handover.closed_windows``): a warm-up left row
+    one of them read and whose window it closed is dropped, as that writer wrote it.
     """
     window_ms = round(window_seconds * 1000)
     if window_ms < 0:
         raise ValueError(f"window_seconds must not be negative, got {window_seconds}")
     return _call_static(df, JOIN_ENTRY, "join", list(keys), side_col, event_time_col, late_col, warmup_col,
-                        partition_col, offset_col, left_col, right_col, window_ms, left_outer)
+                        partition_col, offset_col, left_col, right_col, window_ms, left_outer,
+                        closed_windows_text(closed_left or {}))
+
+
+def closed_windows_text(closed: Mapping[int, Sequence[tuple[int, int]]]) -> str:
+    """``closed_left`` as io.glasspipe.spark.ClosedWindows parses it: ``p:end@w,end@w;p:...``."""
+    return ";".join(f"{p}:" + ",".join(f"{end}@{w}" for end, w in steps)
+                    for p, steps in sorted(closed.items()) if steps)
 
 
 JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"

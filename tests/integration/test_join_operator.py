@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from state_progress import wait_state_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar")]
 
-SCHEMA = "k string, side int, ts timestamp, id string, p int, o long"
+SCHEMA = "k string, side int, ts timestamp, id string, p int, o long, w boolean"
 WINDOW_S = 60
 LATENESS = "10 seconds"
 
@@ -35,9 +36,10 @@ def t(mmss: str) -> str:
 class JoinStream:
     """A JSON file source folder plus a checkpoint; runs an inner (or left) join of its left and right rows by ``k``."""
 
-    def __init__(self, spark: Any, root: Path, left_outer: bool = False) -> None:
+    def __init__(self, spark: Any, root: Path, left_outer: bool = False,
+                 closed_left: dict[int, list[tuple[int, int]]] | None = None) -> None:
         self.spark, self.src, self.ckpt = spark, root / "in", root / "ckpt"
-        self.left_outer = left_outer
+        self.left_outer, self.closed_left = left_outer, closed_left
         self.src.mkdir(parents=True)
         self.n = 0
         self.q: Any = None
@@ -53,25 +55,30 @@ class JoinStream:
         rows = src.select(
             "k", "side",
             F.timestamp_micros(F.unix_micros("ts")).alias("et"),  # without the watermark's mark: no row dropped
-            F.lit(None).cast("boolean").alias("late"), F.lit(False).alias("warmup"), "p", "o",
+            F.lit(None).cast("boolean").alias("late"), F.coalesce("w", F.lit(False)).alias("warmup"), "p", "o",
             F.when(side == JOIN_LEFT, F.struct("id")).alias("l"),
             F.when(side == JOIN_RIGHT, F.struct("id")).alias("r"))
         out = temporal_join(rows, ["k"], side_col="side", event_time_col="et", late_col="late", warmup_col="warmup",
                             partition_col="p", offset_col="o", left_col="l", right_col="r",
-                            window_seconds=WINDOW_S, left_outer=self.left_outer)
+                            window_seconds=WINDOW_S, left_outer=self.left_outer, closed_left=self.closed_left)
         self.q = (out.writeStream.foreachBatch(self._collect).outputMode("append")
                   .option("checkpointLocation", str(self.ckpt)).start())
 
     def _collect(self, df: Any, batch_id: int) -> None:
         self.calls[batch_id] = sorted(
-            ((r.k, "joined" if r.side == JOIN_BOTH else "late" if r.late else f"side {r.side}",
+            ((r.k, ("joined" if r.side == JOIN_BOTH else "late" if r.late else f"side {r.side}")
+              + (" warm-up" if r.warmup else ""),  # a warm-up output row is not written (an earlier writer did)
               r.l.id if r.l else None, r.r.id if r.r else None) for r in df.collect()), key=in_order)
 
     def step(self, rows: list[tuple[str | None, int, str, str]]) -> None:
         """One micro-batch of (key or NULL, side, event time, id) rows, in Kafka order (partition 0)."""
+        self.step_at([(k, s, ts, i, False, 100 * self.n + j) for j, (k, s, ts, i) in enumerate(rows)])
+
+    def step_at(self, rows: list[tuple[str | None, int, str, str, bool, int]]) -> None:
+        """One micro-batch of (key or NULL, side, event time, id, warm-up, offset) rows (partition 0)."""
         tmp = self.src / f".f{self.n:04d}.json.tmp"
-        tmp.write_text("".join(json.dumps({"k": k, "side": s, "ts": ts, "id": i, "p": 0, "o": 100 * self.n + j})
-                               + "\n" for j, (k, s, ts, i) in enumerate(rows)))
+        tmp.write_text("".join(json.dumps({"k": k, "side": s, "ts": ts, "id": i, "p": 0, "o": o, "w": w})
+                               + "\n" for k, s, ts, i, w, o in rows))
         os.rename(tmp, self.src / f"f{self.n:04d}.json")
         self.n += 1
         self.q.processAllAvailable()
@@ -230,5 +237,34 @@ def test_a_left_joins_unmatched_rows_are_emitted_after_a_restart_and_a_null_key_
         s.step([("z", L, t("03:00"), "lz")])  # watermark 02:50: every window above ends
         s.wait_rows([*first, *sorted(((f"k{i}", "side 0", f"l{i}", None) for i in range(1, 20, 2)), key=in_order)])
         s.wait_state_rows(3)  # z's key, its pending row and its bucket's sweep timer
+    finally:
+        s.stop()
+
+
+def test_a_left_join_after_a_hand_over_drops_the_warm_up_rows_an_earlier_writer_closed(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A new writer re-reads the last window of the left side as warm-up. A warm-up left row that a writer before the
+    hand-over read (its end offset is above the row's) and evicted (its watermark passed t + window) was written by
+    that writer: it is dropped, so it is neither written unmatched again nor paired with a fresh right row. The
+    others stay: one whose window no earlier writer closed is written unmatched once its window ends, or joined; a
+    NULL key's warm-up row was written on arrival, so it comes out flagged warm-up (not written)."""
+    closed = {w: int(datetime.fromisoformat(t(w)).timestamp() * 1000) - WINDOW_S * 1000 for w in ("00:40", "01:05")}
+    # the writer that read offsets below 3 reached watermark 00:40, the one that read up to 15 reached 01:05: they
+    # closed the windows of left rows up to a window before (handover.closed_windows records t + window <= W as t)
+    s = JoinStream(spark, tmp_path, left_outer=True, closed_left={0: [(3, closed["00:40"]), (15, closed["01:05"])]})
+    s.start()
+    try:
+        s.step_at([("a", L, t("00:00"), "la", True, 0),  # read below 3 and below 15: 01:05 closed it
+                   ("b", L, t("00:30"), "lb", True, 1),  # window to 01:30: open
+                   (None, L, t("00:10"), "lnull", True, 2),
+                   ("d", L, t("00:00"), "ld", True, 5),  # read by the second writer: closed
+                   ("c", L, t("00:20"), "lc", True, 20)])  # no earlier writer read it: open
+        s.wait_rows([(None, "side 0 warm-up", "lnull", None)])
+        s.step_at([("a", R, t("00:55"), "ra", False, 100), ("b", R, t("01:20"), "rb", False, 101)])
+        s.wait_rows([(None, "side 0 warm-up", "lnull", None), ("b", "joined", "lb", "rb")])
+        s.step([("z", L, t("03:00"), "lz")])  # watermark 02:50: every window above ends
+        s.wait_rows([(None, "side 0 warm-up", "lnull", None), ("b", "joined", "lb", "rb"),
+                     ("c", "side 0", "lc", None)])
     finally:
         s.stop()

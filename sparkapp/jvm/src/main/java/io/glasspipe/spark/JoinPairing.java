@@ -29,7 +29,12 @@ import scala.jdk.javaapi.CollectionConverters;
  *
  * <p>Output rows have the input's columns: a joined row has side {@link #JOINED}, both structs, the later of the
  * two event times, the warm-up flag set only if both rows are warm-up rows, the late flag false; an unmatched left
- * row is the kept left row (warm-up false); a late row passes through with its late flag true.
+ * row is the kept left row (warm-up false: written by the layout that closes its window, except a NULL key's, emitted
+ * on arrival and so warm-up when its row is); a late row passes through with its late flag true.
+ *
+ * <p>After a hand-over, a warm-up left row whose window an earlier writer closed ({@link ClosedWindows}) was written
+ * by that writer, matched or with NULLs: it is dropped on arrival, so it is neither emitted unmatched again nor
+ * paired with a fresh right row (one that earlier writer would have found late).
  */
 final class JoinPairing implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -57,6 +62,7 @@ final class JoinPairing implements Serializable {
   private final int width;
   private final long windowMicros;
   private final boolean leftOuter;
+  private final ClosedWindows closedLeft;
 
   /** A kept row of one side, decoded. */
   static final class Entry {
@@ -104,7 +110,8 @@ final class JoinPairing implements Serializable {
       .thenComparingInt(e -> e.partition).thenComparingLong(e -> e.offset);
 
   JoinPairing(int[] keyIndexes, int sideIndex, int eventTimeIndex, int lateIndex, int warmupIndex, int partitionIndex,
-      int offsetIndex, int leftIndex, int rightIndex, int width, long windowMicros, boolean leftOuter) {
+      int offsetIndex, int leftIndex, int rightIndex, int width, long windowMicros, boolean leftOuter,
+      ClosedWindows closedLeft) {
     this.keyIndexes = keyIndexes.clone();
     this.sideIndex = sideIndex;
     this.eventTimeIndex = eventTimeIndex;
@@ -117,6 +124,7 @@ final class JoinPairing implements Serializable {
     this.width = width;
     this.windowMicros = windowMicros;
     this.leftOuter = leftOuter;
+    this.closedLeft = closedLeft;
   }
 
   static long micros(Object v) {
@@ -212,7 +220,17 @@ final class JoinPairing implements Serializable {
       return;
     }
     int side = row.getInt(sideIndex);
-    (side == LEFT ? fresh.left : fresh.right).add(entryOf(row, side));
+    Entry e = entryOf(row, side);
+    if (side == LEFT && e.warmup && closedEarlier(e)) {
+      return; // an earlier writer wrote it (see the class comment)
+    }
+    (side == LEFT ? fresh.left : fresh.right).add(e);
+  }
+
+  /** Whether a writer before the hand-over read this warm-up left row and closed its window. */
+  private boolean closedEarlier(Entry l) {
+    long f = closedLeft.closedThrough(l.partition, l.offset);
+    return f != ClosedWindows.NONE && l.micros <= f * 1000L;
   }
 
   /**
@@ -274,7 +292,7 @@ final class JoinPairing implements Serializable {
   void unmatchedNow(Row key, Sides fresh, List<Row> out) {
     fresh.left.sort(ORDER);
     for (Entry l : fresh.left) {
-      out.add(unmatched(key, l));
+      out.add(unmatched(key, l, l.warmup)); // written on arrival: by the writer that read it first
     }
   }
 
@@ -288,7 +306,7 @@ final class JoinPairing implements Serializable {
       Entry l = it.next();
       if (expired(l, watermarkMs)) {
         if (leftOuter && !l.matched) {
-          out.add(unmatched(key, l));
+          out.add(unmatched(key, l, false));
         }
         it.remove();
         any = true;
@@ -322,12 +340,12 @@ final class JoinPairing implements Serializable {
     return RowFactory.create(values);
   }
 
-  private Row unmatched(Row key, Entry l) {
+  /** An unmatched left row; {@code warmup}: written by an earlier layout (then not written again). */
+  private Row unmatched(Row key, Entry l, boolean warmup) {
     Object[] values = keyed(key);
     values[sideIndex] = LEFT;
     values[eventTimeIndex] = l.time;
-    // as Spark's outer join did: an unmatched row is written by the layout that closes its window
-    values[warmupIndex] = false;
+    values[warmupIndex] = warmup;
     values[leftIndex] = l.value;
     return RowFactory.create(values);
   }
