@@ -120,14 +120,17 @@ def totals(stdout: str) -> str:
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
-            partition_of: Any = None) -> int:
-    """Produce (key, value) records; keys go to partitions by Kafka's default hashing unless told."""
+            partition_of: Any = None, timestamp_of: Any = None) -> int:
+    """Produce (key, value) records; keys go to partitions by Kafka's default hashing unless told, with the
+    producer's clock as their timestamp unless ``timestamp_of(key, value)`` gives one (epoch ms)."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
     n = 0
     for key, value in records:
         kwargs: dict[str, Any] = {"key": key, "value": value}
         if partition_of is not None:
             kwargs["partition"] = partition_of(key)
+        if timestamp_of is not None:
+            kwargs["timestamp"] = timestamp_of(key, value)
         while True:
             try:
                 producer.produce(topic, **kwargs)

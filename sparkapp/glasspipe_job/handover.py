@@ -13,7 +13,9 @@ its checkpoint is still the furthest point for its partitions:
      committed offset, else ``startingOffsets``);
   3. if the source deduplicates, read from ``window + allowedLateness`` before that point, through the
      dedup operator only (*warm-up*: rows before the resume offset update the state and are not
-     written), so keys whose window is still open stay deduplicated across the rescale.
+     written), so keys whose window is still open stay deduplicated across the rescale. A join re-reads
+     its window the same way; a left join also records which re-read left rows earlier writers wrote
+     already (``closed_windows``, from the watermarks in the ledger), so they are not written again.
 The decision is written next to the checkpoint (``glasspipe-handover.json``) so that restarts of the
 new checkpoint replay exactly the same way. docs/scaling.md explains the protocol; the ledger rows it
 reads, and the roll-back, are in ``glasspipe_job.clickhouse.ledger``. ``resumable`` and ``new_start``
@@ -31,7 +33,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -46,6 +48,8 @@ log = logging.getLogger("glasspipe.job")
 
 HANDOVER_FILE = "glasspipe-handover.json"
 Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset to read
+# topic -> partition -> (end offset, closed event time ms) of each earlier writer that read past the warm-up start
+ClosedWindows = dict[str, dict[int, list[tuple[int, int]]]]
 
 
 @dataclass(frozen=True)
@@ -58,10 +62,16 @@ class Handover:
     # the shape of the query's state (its stateful operators): a checkpoint made by another plan cannot
     # resume; "" for checkpoints written before plans were recorded (a join's then used Spark's join)
     plan: str = ""
+    # a left join's: per left partition, (end offset, closed event time ms) of each earlier writer (closed_windows)
+    closed: ClosedWindows = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"writerId": self.writer_id, "resume": self.resume, "readFrom": self.read_from,
-                           "plan": self.plan}, sort_keys=True)
+        doc: dict[str, Any] = {"writerId": self.writer_id, "resume": self.resume, "readFrom": self.read_from,
+                               "plan": self.plan}
+        if self.closed:
+            doc["closed"] = {t: {str(p): [list(s) for s in steps] for p, steps in parts.items()}
+                             for t, parts in self.closed.items()}
+        return json.dumps(doc, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> Handover:
@@ -70,7 +80,9 @@ class Handover:
         def offsets(o: dict[str, dict[str, int]]) -> Offsets:
             return {t: {int(p): int(v) for p, v in parts.items()} for t, parts in o.items()}
 
-        return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]), d.get("plan", ""))
+        closed = {t: {int(p): [(int(e), int(w)) for e, w in steps] for p, steps in parts.items()}
+                  for t, parts in d.get("closed", {}).items()}
+        return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]), d.get("plan", ""), closed)
 
     @staticmethod
     def from_record(text: str) -> Handover | None:
@@ -210,12 +222,41 @@ def new_start(writer_id: str, rows: Sequence[tuple[str, int, str, str]], owned: 
 
 def warmup_lookback_ms(source: models.Source, join: models.Join | None) -> int | None:
     """How far before the resume point a new checkpoint re-reads a source so that its stateful operators
-    remember what they must: the longest window (dedup, join) plus the allowed lateness; None: no state."""
-    windows = [parse_duration_ms(w) for w in (
-        source.deduplication.window if source.deduplication else None, join.window if join else None) if w]
+    remember what they must: the longest window (dedup, join) plus the allowed lateness; None: no state.
+
+    A left join's right side goes back one join window more: a left row whose window is still open at the resume
+    point (``t > W - window``) may have matched a right row up to a window before it, and only by reading that row
+    again does the new writer know the left row matched (else it would write it with NULLs too)."""
+    join_ms = parse_duration_ms(join.window) if join else None
+    if join_ms is not None and join is not None and join.type != "inner" and join.right.source == source.name:
+        join_ms *= 2
+    windows = [w for w in (parse_duration_ms(source.deduplication.window) if source.deduplication else None,
+                           join_ms) if w]
     if not windows:
         return None
     return max(windows) + parse_duration_ms(source.event_time.allowed_lateness)
+
+
+def closed_windows(closes: Iterable[tuple[str, str, int]], topic: str, read_from: Mapping[int, int],
+                   resume: Mapping[int, int]) -> dict[int, list[tuple[int, int]]]:
+    """For a left join's new writer, per partition of its left ``topic`` that has warm-up rows (``read_from`` below
+    ``resume``): (end offset, closed event time ms) of each earlier writer (``closes``: (writer, offsets of its
+    newest done batch, the event time up to which it closed left windows), ``Ledger.left_closed``) that read past
+    ``read_from``.
+
+    A warm-up left row at offset o was read by the writers whose end offset is above o; one of them that closed
+    event times up to F >= t wrote it (joined, or with NULLs), so the new writer drops it
+    (io.glasspipe.spark.ClosedWindows). Writers that ended at or before ``read_from`` never read a warm-up row, and
+    0 is unknown (batches committed before the ledger recorded it, or no window closed yet): both are left out."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for _writer, offsets, closed in closes:
+        if closed <= 0:
+            continue
+        for p, end in _batch_offsets(offsets).get(topic, {}).items():
+            start = read_from.get(p)
+            if start is not None and start < resume.get(p, start) and end > start:
+                out.setdefault(p, []).append((end, closed))
+    return {p: sorted(steps) for p, steps in sorted(out.items())}
 
 
 # ------------------------------------------------------------------------------- checkpoint files

@@ -117,6 +117,17 @@ def fields_digest(left: models.Source, right: models.Source) -> str:
     return hashlib.sha256(types.encode()).hexdigest()[:12]
 
 
+def left_closed_through_ms(config: JobConfig, watermark_ms: int) -> int:
+    """A left join's batch: every left record with an event time at or before this (ms) had its window closed by the
+    batch's ``watermark_ms`` (``t + window <= W``), so its writer wrote it, matched or with NULLs. 0 for other
+    pipelines and before the first watermark. Recorded in the ledger for the next writer (handover.closed_windows):
+    as an event time, so it holds whatever join window that writer runs with."""
+    join = config.spec.join
+    if join is None or join.type == "inner" or watermark_ms <= 0:
+        return 0
+    return watermark_ms - parse_duration_ms(join.window)
+
+
 def join_sides(config: JobConfig) -> tuple[models.Source, models.Source]:
     """(left, right) sources. Spark's offset log lists the join's sources in this order (left first),
     so consumer groups must be handed to BatchWriter in it."""
@@ -186,13 +197,14 @@ def check_runnable(config: JobConfig, partition_counts: Mapping[str, int]) -> No
             "partition count and must both be keyed by the join key; or set spec.replicas: 1")
 
 
-def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
-                      partition_counts: Mapping[str, int]) -> DataFrame:
+def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame], partition_counts: Mapping[str, int],
+                      closed_left: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> DataFrame:
     """The joined stream with the columns BatchWriter expects (select_output).
 
     ``parsed[source.name]`` is that source's stream after ``parse_and_check`` and ``with_warmup_flag``
     (stateless); everything stateful happens here, once per source. ``partition_counts``: partitions
-    of each source's topic (checked for co-partitioning when there are several replicas).
+    of each source's topic (checked for co-partitioning when there are several replicas). ``closed_left``: a left
+    join's hand-over record's ``closed`` for its left topic (the warm-up rows earlier writers wrote).
     """
     join = config.spec.join
     assert join is not None
@@ -204,7 +216,7 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame],
         both, [_key(i) for i in range(len(join.left.keys))], side_col=SIDE, event_time_col=EVENT_TIME,
         late_col=PASS, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,
         left_col=left.name, right_col=right.name, window_seconds=parse_duration_ms(join.window) / 1000,
-        left_outer=join.type != "inner")
+        left_outer=join.type != "inner", closed_left=closed_left)
     late = F.col(PASS)  # dead and late rows
     # late rows (flagged by a side's dedup operator or by the join operator) get their reason here;
     # dead rows keep their own

@@ -158,11 +158,27 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
         if lookback is not None and any(o > 0 for o in start.resume[topic].values()):
             read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: start.resume[topic]},
                                              lookback))
-    decision = ho.Handover(start.writer_id, start.resume, read_from, plan)
+    closed = closed_left_windows(config, ledger, read_from, start.resume)
+    decision = ho.Handover(start.writer_id, start.resume, read_from, plan, closed)
     files.write(ho.HANDOVER_FILE, decision.to_json())
-    log.info("new checkpoint %s as writer %s: resume %s, read from %s", config.checkpoint_dir, start.writer_id,
-             start.resume, read_from)
+    log.info("new checkpoint %s as writer %s: resume %s, read from %s%s", config.checkpoint_dir, start.writer_id,
+             start.resume, read_from, f", left rows closed by earlier writers {closed}" if closed else "")
     return decision, fence
+
+
+def closed_left_windows(config: JobConfig, ledger: Ledger, read_from: ho.Offsets,
+                        resume: ho.Offsets) -> ho.ClosedWindows:
+    """A left join's new writer: how far the earlier writers closed the windows of its left side's warm-up rows
+    (handover.closed_windows), recorded with the hand-over so that replays drop the same rows."""
+    join = config.spec.join
+    if join is None or join.type == "inner":
+        return {}
+    topic = config.spec.source(join.left.source).kafka.topic
+    start, end = read_from.get(topic, {}), resume.get(topic, {})
+    if not any(start.get(p, o) < o for p, o in end.items()):
+        return {}
+    steps = ho.closed_windows(ledger.left_closed(config.writer_prefix), topic, start, end)
+    return {topic: steps} if steps else {}
 
 
 # Recorded in the hand-over record as the plan of a checkpoint whose source deduplicates per Kafka partition, with
@@ -214,8 +230,10 @@ def output_stream(spark: SparkSession, config: JobConfig, assignments: list[Sour
     order = [s.name for s in join_sides(config)]
     assignments.sort(key=lambda a: order.index(a.source.name))
     parsed = {a.source.name: parsed_stream(spark, config, a, decision) for a in assignments}
+    left_topic = config.spec.source(order[0]).kafka.topic
     return build_join_stream(config, parsed,
-                             {a.source.name: len(a.group.partitions(a.source.kafka.topic)) for a in assignments})
+                             {a.source.name: len(a.group.partitions(a.source.kafka.topic)) for a in assignments},
+                             decision.closed.get(left_topic, {}))
 
 
 def partition_dedup_root(config: JobConfig, source: models.Source) -> str:

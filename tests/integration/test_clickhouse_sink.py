@@ -482,3 +482,35 @@ def test_a_table_whose_types_changed_under_the_sink_gets_the_driver_path(clickho
         second = sink.write_batch(1, pa.table({"id": [2], "v": pa.array([20], pa.int32())}), "o")
     assert (first.native_chunks, second.native_chunks) == (1, 0)
     assert clickhouse.client().execute(f"SELECT id, v FROM {table} ORDER BY id") == [(1, 10), (2, 20)]
+
+
+def test_a_ledger_made_before_left_closed_gains_the_column_and_reports_how_far_each_writer_closed(
+    clickhouse: ClickHouseServer,
+) -> None:
+    """A left join's hand-over reads, per earlier writer, its newest done batch's offsets and the latest event time
+    up to which it closed left windows. A ledger created before batches recorded it gets the column when a sink
+    opens it; its old rows read as 0 (unknown). A batch rolled back does not count, even if its stale writer wrote done
+    after the roll-back."""
+    db = "wm_" + uuid.uuid4().hex[:8]
+    admin = clickhouse.client()
+    admin.execute(f"CREATE DATABASE {db}")
+    admin.execute(f"CREATE TABLE {db}.{LEDGER_TABLE} (writer String, batch_id UInt64, chunks UInt32, rows UInt64, "
+                  "offsets String, state String DEFAULT 'done', written_at DateTime DEFAULT now()) "
+                  "ENGINE = MergeTree ORDER BY (writer, batch_id)")  # as created before left_closed_ms
+    admin.execute(f"INSERT INTO {db}.{LEDGER_TABLE} (writer, batch_id, chunks, rows, offsets, state) VALUES",
+                  [("default.pipe.0of1-0dd", 0, 1, 5, '[{"t":{"0":5}}]', "done")])
+    table = new_table()
+    with ClickHouseSink([f"{clickhouse.host}:{clickhouse.port}"], db, table, COLS, max_rows=100, create_table=True,
+                        writer_id="default.pipe.0of1-aaaa") as a:
+        a.write_batch(0, rows(5, 10), '[{"t":{"0":10}}]', left_closed_ms=5000)
+        a.write_batch(1, rows(10, 20), '[{"t":{"0":20}}]', left_closed_ms=9000)
+        a.ledger.insert(a.writer_id, 2, 0, 0, '[{"t":{"0":30}}]', state="pending")
+        a.ledger.insert(a.writer_id, 2, 0, 0, '[{"t":{"0":30}}]', state="rolledback")
+        a.ledger.insert(a.writer_id, 2, 1, 10, '[{"t":{"0":30}}]', left_closed_ms=99_000)  # stale, after the roll-back
+        got = sorted(a.ledger.left_closed("default.pipe."))
+    assert [tuple(r) for r in got] == [("default.pipe.0of1-0dd", '[{"t":{"0":5}}]', 0),
+                                       ("default.pipe.0of1-aaaa", '[{"t":{"0":20}}]', 9000)]
+    columns = dict(admin.execute(f"SELECT name, type FROM system.columns WHERE database = '{db}' "
+                                 f"AND table = '{LEDGER_TABLE}'"))
+    assert columns["left_closed_ms"] == "Int64", columns
+    admin.execute(f"DROP DATABASE {db}")

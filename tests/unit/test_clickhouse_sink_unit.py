@@ -74,6 +74,8 @@ class FakeClient:
             return []
         if "FROM system.tables" in q and "count()" in q:
             return [(1,)]
+        if "FROM system.columns" in q and "name = %(c)s" in q:  # the ledger's watermark column
+            return [(1,)]
         if "FROM system.columns" in q:
             cols = [("id", "Int64"), ("name", "Nullable(String)")]
             return cols + ([(MARKER_COLUMN, "String")] if self.marker else [])
@@ -90,7 +92,7 @@ class FakeClient:
         if q.startswith(f"SELECT `{MARKER_COLUMN}`, count()"):
             return [(m, n) for m, n in self.chunks.items() if m.startswith(params["p"])]
         if q.startswith("INSERT INTO") and LEDGER_TABLE in q:
-            w, b, c, r, o, st = (col[0] for col in params)
+            w, b, c, r, o, st, _watermark = (col[0] for col in params)
             self.ledger.append((w, b, c, r, o, st))
             return None
         if q.startswith("INSERT INTO"):

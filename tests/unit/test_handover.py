@@ -1,5 +1,6 @@
 """The pure part of the rescale hand-over: what the ledger says, and what a starting replica decides from it."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ from glasspipe.api.validation import validate_resource
 from glasspipe_job.handover import (
     Handover,
     abandoned_batches,
+    closed_windows,
     is_superseded,
     ledger_progress,
     merge_offsets,
@@ -77,6 +79,9 @@ def test_handover_round_trips_and_names_warmup_partitions() -> None:
     assert h.warmup_partitions() == {"t": {0: 30}}
     joined = Handover("ns.p.0of1-c", {"t": {0: 3}}, {"t": {0: 3}}, plan="glasspipe-temporal-join/1")
     assert Handover.from_json(joined.to_json()) == joined
+    left = Handover("ns.p.0of1-d", {"t": {0: 30}}, {"t": {0: 12}}, closed={"t": {0: [(20, 5000), (30, 7000)]}})
+    assert Handover.from_json(left.to_json()) == left
+    assert "closed" not in json.loads(joined.to_json())  # records without it read as before
 
 
 def test_a_record_written_before_plans_were_recorded_reads_as_plan_empty() -> None:
@@ -130,6 +135,36 @@ def test_warm_up_reaches_back_the_longest_window_plus_the_lateness() -> None:
     assert warmup_lookback_ms(orders, spec.join) == longest + lateness
     plain = orders.model_copy(update={"deduplication": None})
     assert warmup_lookback_ms(plain, None) is None
+
+
+def test_a_left_joins_right_side_is_read_back_one_join_window_further() -> None:
+    """A left row still open at the resume point may have matched a right row up to a window before it: the new
+    writer must read that right row again to know the left row matched (else it writes it with NULLs too)."""
+    doc = yaml.safe_load((ROOT / "examples" / "orders-users-join.yaml").read_text())
+    doc["spec"]["join"]["type"] = "left"
+    spec, _ = validate_resource(doc)
+    assert spec.join is not None
+    window = parse_duration_ms(spec.join.window)
+    orders, users = spec.source("orders"), spec.source("users")
+    assert warmup_lookback_ms(orders, spec.join) == window + parse_duration_ms(orders.event_time.allowed_lateness)
+    assert warmup_lookback_ms(users, spec.join) == 2 * window + parse_duration_ms(users.event_time.allowed_lateness)
+    inner = spec.join.model_copy(update={"type": "inner"})
+    assert warmup_lookback_ms(users, inner) == window + parse_duration_ms(users.event_time.allowed_lateness)
+
+
+def test_closed_windows_lists_the_earlier_writers_that_read_past_the_warm_up_start() -> None:
+    """Per left partition with warm-up rows: each earlier writer's end offset and closed event time, if it read a
+    warm-up row (ended past the warm-up start) and the time is known (not 0, as before the ledger recorded it)."""
+    closes = [
+        ("ns.p.0of1-a", '[{"orders":{"0":10,"1":8}},{"users":{"0":4}}]', 5000),  # ended before p0's warm-up
+        ("ns.p.0of2-b", '[{"orders":{"0":30}},{"users":{"0":9}}]', 9000),
+        ("ns.p.1of2-c", '[{"orders":{"1":25}}]', 8000),
+        ("ns.p.0of2-d", '[{"orders":{"0":20}}]', 0),  # none recorded
+        ("ns.p.0of1-e", '[{"orders":{"2":7}}]', 6000),  # p2: no warm-up rows (read from the resume point)
+    ]
+    got = closed_windows(closes, "orders", read_from={0: 12, 1: 5, 2: 7}, resume={0: 30, 1: 25, 2: 7})
+    assert got == {0: [(30, 9000)], 1: [(8, 5000), (25, 8000)]}
+    assert closed_windows(closes, "users", read_from={0: 2}, resume={0: 9}) == {0: [(4, 5000), (9, 9000)]}
 
 
 def test_the_offset_log_keeps_one_entry_per_source_in_order() -> None:

@@ -42,3 +42,22 @@ def test_a_topic_cannot_be_joined_with_itself() -> None:
     c = load_job_config(config_from_resource(doc))
     with pytest.raises(UnsupportedPipeline, match="two topics"):
         check_runnable(c, {"orders": 1, "users": 1})
+
+
+def test_closed_windows_reach_the_join_operator_as_text_by_partition() -> None:
+    """io.glasspipe.spark.ClosedWindows parses ``p:end@w,end@w;p:...``; a partition without steps is left out."""
+    from glasspipe_job.jvm import closed_windows_text
+
+    text = closed_windows_text({1: [(8, 5000), (25, 8000)], 0: [(30, -1)], 2: []})
+    assert text == "0:30@-1;1:8@5000,25@8000"
+    assert closed_windows_text({}) == ""
+
+
+def test_a_left_join_records_the_event_time_up_to_which_its_windows_are_closed() -> None:
+    """The ledger's left_closed_ms: the batch's watermark less the join window (1 h in the example); nothing for an
+    inner join, or before the first watermark."""
+    from glasspipe_job.join import left_closed_through_ms
+
+    assert left_closed_through_ms(config(type="left"), 7_200_000) == 3_600_000
+    assert left_closed_through_ms(config(type="left"), 0) == 0
+    assert left_closed_through_ms(config(type="inner"), 7_200_000) == 0

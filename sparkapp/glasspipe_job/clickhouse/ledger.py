@@ -66,6 +66,15 @@ class LedgerRow(NamedTuple):
     offsets: str
 
 
+class WriterClose(NamedTuple):
+    """How far one writer got: its newest done batch's offsets, and up to which event time it closed a left join's
+    windows (the highest ``left_closed_ms`` of its done batches)."""
+
+    writer: str
+    offsets: str
+    left_closed_ms: int
+
+
 @dataclass(frozen=True)
 class LedgerEntry:
     """A committed (``done``) batch of one writer."""
@@ -132,16 +141,21 @@ class Ledger:
         return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
     def insert(self, writer_id: str, batch_id: int, chunks: int, rows: int, offsets: str, state: str = DONE,
-               token: str | None = None) -> None:
+               token: str | None = None, left_closed_ms: int = 0) -> None:
         """A ledger row of ``state`` (see the module docstring); ``token``: its deduplication token (token
-        mechanism) when ``writer/batch/state`` does not identify it."""
+        mechanism) when ``writer/batch/state`` does not identify it; ``left_closed_ms``: a left join's done batch's
+        closed event time (table.CLOSED_COLUMN; kept where the ledger has the column)."""
         settings: dict[str, Any] = {}
         if self.table.mechanism is Mechanism.TOKEN:
             settings = {"insert_deduplicate": 1,
                         "insert_deduplication_token": token or f"{writer_id}/{batch_id}/ledger-{state}"}
+        names, values = "writer, batch_id, chunks, rows, offsets, state", [[writer_id], [batch_id], [chunks], [rows],
+                                                                          [offsets], [state]]
+        if self.table.ledger_has_closed:
+            names, values = f"{names}, left_closed_ms", [*values, [left_closed_ms]]
         self._client.execute(
-            f"INSERT INTO {self.table.ledger_table} (writer, batch_id, chunks, rows, offsets, state) VALUES",
-            [[writer_id], [batch_id], [chunks], [rows], [offsets], [state]],
+            f"INSERT INTO {self.table.ledger_table} ({names}) VALUES",
+            values,
             columnar=True,
             settings=settings or None,
         )
@@ -232,6 +246,29 @@ class Ledger:
             return [LedgerRow(str(w), int(b), str(st), str(o)) for w, b, st, o in rows]
 
         result: list[LedgerRow] = self.table.retrying("reading the ledger", q)
+        return result
+
+    def left_closed(self, writer_prefix: str) -> list[WriterClose]:
+        """Per writer of one pipeline: the end offsets of its newest done batch that was not rolled back and the
+        highest ``left_closed_ms`` of its done batches (handover.closed_windows); none where the ledger lacks the
+        column. One read by primary-key range."""
+        self.table.open()
+        if not self.table.ledger_has_closed:
+            return []
+        led = self.table.ledger_table
+        args = {"lo": writer_prefix, "hi": prefix_upper_bound(writer_prefix), "n": len(writer_prefix.encode()),
+                "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN}
+        in_range = "writer >= %(lo)s AND writer < %(hi)s"
+
+        def q(_attempt: int) -> list[WriterClose]:
+            rows = self._client.execute(
+                f"SELECT writer, argMax(offsets, batch_id), max(left_closed_ms) FROM {led} WHERE {in_range} AND "
+                f"state = 'done' AND (writer, batch_id) NOT IN (SELECT writer, batch_id FROM {led} WHERE {in_range} "
+                "AND state = 'rolledback') GROUP BY writer HAVING substring(writer, 1, %(n)s) = %(p)s AND "
+                "match(substring(writer, %(n)s + 1), %(s)s)", args)
+            return [WriterClose(str(w), str(o), int(wm)) for w, o, wm in rows]
+
+        result: list[WriterClose] = self.table.retrying("reading how far the ledger's writers closed", q)
         return result
 
     def pipeline_rows(self, writer_prefix: str, state: str | None = None) -> list[LedgerRow]:

@@ -209,21 +209,23 @@ class ClickHouseSink:
 
     # -- writing
 
-    def write_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]] | pa.Table, offsets: str) -> WriteResult:
+    def write_batch(self, batch_id: int, data: Mapping[str, Sequence[Any]] | pa.Table, offsets: str,
+                    left_closed_ms: int = 0) -> WriteResult:
         """Write one micro-batch exactly once: a replay of a committed (writer_id, batch_id) is skipped.
 
         ``data``: column name -> values, or an Arrow table (converted column by column with vectorised fast
         paths, ordered by Arrow when the batch spans several chunks)."""
-        return self.write_parts(batch_id, [data], offsets)
+        return self.write_parts(batch_id, [data], offsets, left_closed_ms)
 
     def write_parts(self, batch_id: int, parts: Iterable[Mapping[str, Sequence[Any]] | pa.Table],
-                    offsets: str) -> WriteResult:
+                    offsets: str, left_closed_ms: int = 0) -> WriteResult:
         """``write_batch`` of a batch that arrives in parts (the job's path: one Spark partition at a time, so
         the driver never holds the whole batch). Each part is sorted and cut into chunks of at most
         ``max_rows`` rows on its own; a chunk is named by its rows' range in the batch ([lo, hi) after the
         rows of the parts before it). The parts of a replay must hold the same rows in the same part order
         (their order inside a part may differ): then every chunk is the same on every attempt. ``parts`` is
-        consumed once, lazily, and not at all for a replay of a committed batch."""
+        consumed once, lazily, and not at all for a replay of a committed batch. ``left_closed_ms``: a left join's
+        batch's closed event time (table.CLOSED_COLUMN), recorded with its commit for a successor's hand-over."""
         with self._writing:  # from the ledger lookup on: the main loop's fence check shares the connection
             table = self.table.open()
             committed = table.retrying("looking up the ledger",
@@ -235,7 +237,7 @@ class ClickHouseSink:
             try:
                 if self.superseded is not None:
                     raise Superseded(self.superseded)
-                return self._write_new_batch(batch_id, parts, offsets)
+                return self._write_new_batch(batch_id, parts, offsets, left_closed_ms)
             except Superseded as e:
                 self._step_down(batch_id, e)
                 raise
@@ -298,7 +300,7 @@ class ClickHouseSink:
                 self.writer_id, batch_id, 0, 0, "[]", state=ROLLED_BACK))
 
     def _write_new_batch(self, batch_id: int, parts: Iterable[Mapping[str, Sequence[Any]] | pa.Table],
-                         offsets: str) -> WriteResult:
+                         offsets: str, left_closed_ms: int) -> WriteResult:
         table = self.table
         if self.fence is not None:
             self.fence.check()  # before anything of the batch is written
@@ -342,7 +344,7 @@ class ClickHouseSink:
                 return  # the ledger insert of a previous attempt landed; only its answer was lost
             if self.fence is not None:
                 self.fence.check()  # just before the commit: a newer writer may have taken over meanwhile
-            self.ledger.insert(self.writer_id, batch_id, stats["chunks"], base, offsets)
+            self.ledger.insert(self.writer_id, batch_id, stats["chunks"], base, offsets, left_closed_ms=left_closed_ms)
 
         table.retrying(f"committing batch {batch_id} to {table.full_table}", commit)
         self._fresh = False

@@ -30,11 +30,19 @@ class SinkColumn(Protocol):
     def clickhouse_type(self) -> str: ...
 
 
+# A left join's done batch: every left record with an event time (ms) at or before it had its window closed by then
+# (the batch's watermark minus the join window), so the writer wrote it, matched or with NULLs; 0: none or unknown.
+# A successor's hand-over reads it (handover.closed_windows). Added to ledgers created before it
+# (ClickHouseTable._open).
+CLOSED_COLUMN = "left_closed_ms Int64 DEFAULT 0"
+
+
 def ledger_sql(ledger_table: str, with_dedup_window: bool) -> str:
     """CREATE TABLE IF NOT EXISTS for the ledger (rows: see ledger.py)."""
     sql = (
         f"CREATE TABLE IF NOT EXISTS {ledger_table} (writer String, batch_id UInt64, chunks UInt32, "
-        "rows UInt64, offsets String, state String DEFAULT 'done', written_at DateTime DEFAULT now()) "
+        "rows UInt64, offsets String, state String DEFAULT 'done', written_at DateTime DEFAULT now(), "
+        f"{CLOSED_COLUMN}) "
         "ENGINE = MergeTree ORDER BY (writer, batch_id)"
     )
     if with_dedup_window:
@@ -87,6 +95,7 @@ class ClickHouseTable:
         self.mechanism: Mechanism | None = None
         self.table_types: dict[str, str] = {}
         self.has_marker = False
+        self.ledger_has_closed = False  # the ledger has CLOSED_COLUMN
         self.stuck: MutationStuck | None = None  # the last DELETE that passed the mutation deadline (runner.py)
 
     @property
@@ -139,6 +148,7 @@ class ClickHouseTable:
                 f"the ledger table {self.ledger_table} does not exist and the sink's user may not create it. "
                 f"Fix: run {self.ledger_sql()} as an admin, and GRANT SELECT, INSERT ON {self.ledger_table}"
             )
+        self.ledger_has_closed = self._ledger_closed_column()
         found = c.execute(
             "SELECT name, type FROM system.columns WHERE database = %(db)s AND table = %(t)s",
             {"db": self.database, "t": self.table},
@@ -166,6 +176,31 @@ class ClickHouseTable:
                                           self.full_table)
         log.info("ClickHouse %s, table %s (%s): exactly-once by %s", ".".join(map(str, self.version)),
                  self.full_table, engine, self.mechanism.value)
+
+    def _ledger_closed_column(self) -> bool:
+        """Whether the ledger has CLOSED_COLUMN, adding it to a ledger created before it. Without it (the sink's
+        user may not ALTER the ledger) batches are committed as before, and a left join's hand-over cannot tell
+        which re-read rows were written already (docs/semantics.md)."""
+        from clickhouse_driver import errors
+
+        c = self.connection.client
+        name = CLOSED_COLUMN.split()[0]
+        args = {"db": self.database, "t": LEDGER_TABLE, "c": name}
+        has = "SELECT count() FROM system.columns WHERE database = %(db)s AND table = %(t)s AND name = %(c)s"
+        if c.execute(has, args)[0][0]:
+            return True
+        try:  # (IF NOT EXISTS is newer than some servers glasspipe supports)
+            c.execute(f"ALTER TABLE {self.ledger_table} ADD COLUMN {CLOSED_COLUMN}")
+        except errors.ServerException as e:
+            if e.code == 15:  # DUPLICATE_COLUMN: another replica added it just now
+                return True
+            if e.code not in (497, 164):  # no ALTER right
+                raise
+            log.warning("the ledger %s has no column %s and the sink's user may not add it: a left join's "
+                        "rescale may write unmatched rows of its last window twice. Fix: ALTER TABLE %s ADD COLUMN "
+                        "%s", self.ledger_table, name, self.ledger_table, CLOSED_COLUMN)
+            return False
+        return True
 
     def _check_columns(self) -> None:
         missing = [col for col in self.columns if col.name not in self.table_types]
