@@ -57,6 +57,23 @@ def prefix_upper_bound(prefix: str) -> str:
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 
 
+# With pipeline_range's parameters: grouped by writer, the writers of the pipeline only (WRITER_SUFFIX_PATTERN).
+OF_PIPELINE = "HAVING substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)"
+
+
+def pipeline_range(writer_prefix: str) -> tuple[dict[str, Any], str]:
+    """Query parameters and a WHERE condition for the rows of one pipeline's writers as a primary-key range."""
+    args = {"lo": writer_prefix, "hi": prefix_upper_bound(writer_prefix), "n": len(writer_prefix.encode()),
+            "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN}
+    return args, "writer >= %(lo)s AND writer < %(hi)s"
+
+
+def not_rolled_back(ledger_table: str, in_range: str) -> str:
+    """A condition on (writer, batch_id): the batch was not rolled back."""
+    return (f"(writer, batch_id) NOT IN (SELECT writer, batch_id FROM {ledger_table} WHERE {in_range} "
+            "AND state = 'rolledback')")
+
+
 class LedgerRow(NamedTuple):
     """One ledger row as the hand-over reads it."""
 
@@ -227,15 +244,12 @@ class Ledger:
         small reads by primary-key range, not the whole history (which grows by two rows per batch)."""
         self.table.open()
         led = self.table.ledger_table
-        args = {"lo": writer_prefix, "hi": prefix_upper_bound(writer_prefix), "n": len(writer_prefix.encode()),
-                "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN}
-        in_range = "writer >= %(lo)s AND writer < %(hi)s"
+        args, in_range = pipeline_range(writer_prefix)
 
         def q(_attempt: int) -> list[LedgerRow]:
             last_done = self._client.execute(
-                f"SELECT writer, maxIf(batch_id, state = 'done' AND (writer, batch_id) NOT IN (SELECT writer, batch_id "
-                f"FROM {led} WHERE {in_range} AND state = 'rolledback')) FROM {led} WHERE {in_range} GROUP BY writer "
-                "HAVING substring(writer, 1, %(n)s) = %(p)s AND match(substring(writer, %(n)s + 1), %(s)s)", args)
+                f"SELECT writer, maxIf(batch_id, state = 'done' AND {not_rolled_back(led, in_range)}) FROM {led} "
+                f"WHERE {in_range} GROUP BY writer {OF_PIPELINE}", args)
             if not last_done:
                 return []
             writers, firsts = [str(w) for w, _ in last_done], [int(b) for _, b in last_done]
@@ -256,16 +270,12 @@ class Ledger:
         if not self.table.ledger_has_closed:
             return []
         led = self.table.ledger_table
-        args = {"lo": writer_prefix, "hi": prefix_upper_bound(writer_prefix), "n": len(writer_prefix.encode()),
-                "p": writer_prefix, "s": WRITER_SUFFIX_PATTERN}
-        in_range = "writer >= %(lo)s AND writer < %(hi)s"
+        args, in_range = pipeline_range(writer_prefix)
 
         def q(_attempt: int) -> list[WriterClose]:
             rows = self._client.execute(
                 f"SELECT writer, argMax(offsets, batch_id), max(left_closed_ms) FROM {led} WHERE {in_range} AND "
-                f"state = 'done' AND (writer, batch_id) NOT IN (SELECT writer, batch_id FROM {led} WHERE {in_range} "
-                "AND state = 'rolledback') GROUP BY writer HAVING substring(writer, 1, %(n)s) = %(p)s AND "
-                "match(substring(writer, %(n)s + 1), %(s)s)", args)
+                f"state = 'done' AND {not_rolled_back(led, in_range)} GROUP BY writer {OF_PIPELINE}", args)
             return [WriterClose(str(w), str(o), int(wm)) for w, o, wm in rows]
 
         result: list[WriterClose] = self.table.retrying("reading how far the ledger's writers closed", q)
