@@ -6,7 +6,9 @@ Run: $GLASSPIPE_CACHE/venv/bin/python bench/join_state.py [--rate 10000] [--seco
 Starts its own throw-away Kafka and ClickHouse, runs examples/orders-users-join.yaml (an inner join, or
 with ``--type left`` a left join; window ``--window``, allowed lateness ``--lateness`` on both sides) in this
 process's Spark (local[2]), and a generator process that produces ``--rate`` orders and ``--rate`` user events per
-second with event time = now, each order matching exactly one user event (``--rate`` matched pairs/s).
+second with event time = now, each order matching exactly one user event (``--rate`` matched pairs/s), or with
+``--unmatched SHARE`` that share of the orders naming a user that never comes (a left join keeps each until its
+window closes and writes it with NULLs; an inner join drops it).
 Every 5 s it prints the query progress: input and processed rows/s, the join's state rows
 (``numRowsTotal``: 0 unless ``--conf spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows=true``,
 which the job turns off for speed) and RocksDB memory (``memoryUsedBytes``), rows landed in ClickHouse,
@@ -44,10 +46,11 @@ from glasspipe_dev.pipelines import STRICT_CODEGEN_CONF, load_example  # noqa: E
 
 
 def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float, produced: Any,
-             partitions: int = 1, hot_share: float | None = None) -> None:
-    """Produce ``rate`` pairs per second in 50 ms ticks; event time = the tick's wall clock. Records go to the
-    partition of their key, or with ``hot_share`` that share of them to partition 0 and the rest evenly to the
-    others (a skewed topic)."""
+             partitions: int = 1, hot_share: float | None = None, unmatched: float = 0.0) -> None:
+    """Produce ``rate`` orders and ``rate`` user events per second in 50 ms ticks; event time = the tick's wall
+    clock. ``unmatched``: the share of orders whose user never comes (every 100 orders, the first that many).
+    Records go to the partition of their key, or with ``hot_share`` that share of them to partition 0 and the rest
+    evenly to the others (a skewed topic)."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
@@ -57,6 +60,7 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
     start = time.monotonic()
     k = 0
     hot = -1 if hot_share is None else round(hot_share * 100)
+    ghosts = round(unmatched * 100)
     while time.monotonic() - start < seconds:
         due = start + (k // per_tick) * tick
         if (delay := due - time.monotonic()) > 0:
@@ -70,8 +74,10 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
                 try:
                     p.produce(users, key=key, value=(f'{{"user_id":"{uid}","country":"c{k % 50}","plan":"pro",'
                                                      f'"updated_at":"{now}"}}').encode(), partition=part)
-                    p.produce(orders, key=key, value=(f'{{"order_id":"o{k}","user_id":"{uid}","amount":{k % 1000},'
-                                                      f'"created_at":"{now}"}}').encode(), partition=part)
+                    oid = uid if k % 100 >= ghosts else f"g{k}"  # a ghost: no user event with its key
+                    p.produce(orders, key=oid.encode(), value=(f'{{"order_id":"o{k}","user_id":"{oid}",'
+                                                               f'"amount":{k % 1000},"created_at":"{now}"}}').encode(),
+                              partition=part)
                     break
                 except BufferError:
                     p.poll(0.05)
@@ -111,6 +117,8 @@ def main() -> None:
     ap.add_argument("--lateness", default="5s")
     ap.add_argument("--type", choices=("inner", "left"), default="inner",
                     help="join.type; every order has its user, so a left join emits the same pairs and no NULL rows")
+    ap.add_argument("--unmatched", type=float, default=0.0,
+                    help="share of the orders whose user never comes (0 to 1): a left join's pending rows")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--hot-share", type=float, help="share of the records on partition 0 (a skewed topic; the "
                     "rest evenly on the others); default: each on its key's partition")
@@ -160,12 +168,13 @@ def main() -> None:
         running = start_pipeline(spark, config)
         produced = mp.Value("q", 0)
         gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced,
-                                                args.partitions, args.hot_share))
+                                                args.partitions, args.hot_share, args.unmatched))
         started = time.monotonic()
         gen.start()
         client = ch.client()
         expected_state = 2 * args.rate * (parse_duration_ms(args.window) + parse_duration_ms(args.lateness)) / 1000
-        print(f"{args.type} join, rate {args.rate} pairs/s for {args.seconds:.0f} s, window {args.window}, "
+        print(f"{args.type} join, rate {args.rate} orders/s ({args.unmatched:.0%} of them unmatched) for "
+              f"{args.seconds:.0f} s, window {args.window}, "
               f"lateness {args.lateness}, "
               f"{args.partitions} partitions, trigger {args.trigger}; expected steady join state "
               f"~{expected_state:,.0f} rows (+ one batch interval)")
@@ -230,19 +239,22 @@ def main() -> None:
             mems = [sum(int(o.get("memoryUsedBytes") or 0) for o in p.get("stateOperators") or []) for p in progress]
             per_s = rows / max(ms, 1) * 1000
             print(f"\nbatches {progress[0]['batchId']}..{progress[-1]['batchId']}: {rows:,} Kafka records in "
-                  f"{ms / 1000:.1f} s = {per_s:,.0f} records/s = {per_s / 2:,.0f} matched pairs/s "
+                  f"{ms / 1000:.1f} s = {per_s:,.0f} records/s = {per_s / 2:,.0f} orders/s, "
+                  f"{per_s / 2 * (1 - args.unmatched):,.0f} matched pairs/s "
                   f"(produced {args.rate:,}/s); join state max {max(states):,} rows, RocksDB memory max "
                   f"{max(mems) / 1e6:,.1f} MB; lag at the end {left:,} records")
         running.query.stop()
         running.close()
         # a shortfall with records still to read is a run cut short; one with none left would be a loss
-        if total == produced.value:
-            landed = "all matched pairs"
+        ghosts = sum(1 for k in range(produced.value) if k % 100 < round(args.unmatched * 100))
+        expected = produced.value - (ghosts if args.type == "inner" else 0)
+        if total == expected:
+            landed = "every order" if args.type == "left" else "all matched pairs"
         elif left:
             landed = f"NOT all matched pairs yet: {left:,} records still to read when the harness stopped waiting"
         else:
             landed = "NOT all matched pairs, and no records left to read"
-        print(f"produced {produced.value:,} pairs, {total:,} joined rows in ClickHouse ({landed})")
+        print(f"produced {produced.value:,} orders ({ghosts:,} unmatched), {total:,} rows in ClickHouse ({landed})")
 
 
 if __name__ == "__main__":

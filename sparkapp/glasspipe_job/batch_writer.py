@@ -33,8 +33,7 @@ from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker, arrow_partiti
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
-from glasspipe_job.handover import CheckpointFiles, Offsets, merge_offsets, records_between
-from glasspipe_job.join import left_closed_through_ms
+from glasspipe_job.handover import CheckpointFiles, Offsets, left_closed_through_ms, merge_offsets, records_between
 from glasspipe_job.jvm import set_batch_watermark
 from glasspipe_job.kafka_offsets import ConsumerGroup
 from glasspipe_job.metrics import JobMetrics
@@ -164,7 +163,7 @@ class BatchWriter:
         try:
             result = self.sink.write_parts(batch_id, self._kept_parts(tables, seen),
                                            json.dumps(offsets, sort_keys=True),
-                                           left_closed_through_ms(self.config, watermark))
+                                           left_closed_through_ms(self.config.spec.join, watermark))
             if result.skipped_replay and not tables.computed():
                 # Committed before a crash (its dead letters were sent before that): nothing is sent or written
                 # again, but the plan still runs so that Spark's state moves to this batch's version.

@@ -237,6 +237,16 @@ def warmup_lookback_ms(source: models.Source, join: models.Join | None) -> int |
     return max(windows) + parse_duration_ms(source.event_time.allowed_lateness)
 
 
+def left_closed_through_ms(join: models.Join | None, watermark_ms: int) -> int:
+    """A left join's batch: every left record with an event time at or before this (ms) had its window closed by the
+    batch's ``watermark_ms`` (``t + window <= W``), so its writer wrote it, matched or with NULLs. 0 for other
+    pipelines and before the first watermark. Recorded in the ledger for the next writer (closed_windows):
+    as an event time, so it holds whatever join window that writer runs with."""
+    if join is None or join.type == "inner" or watermark_ms <= 0:
+        return 0
+    return watermark_ms - parse_duration_ms(join.window)
+
+
 def closed_windows(closes: Iterable[tuple[str, str, int]], topic: str, read_from: Mapping[int, int],
                    resume: Mapping[int, int]) -> dict[int, list[tuple[int, int]]]:
     """For a left join's new writer, per partition of its left ``topic`` that has warm-up rows (``read_from`` below

@@ -117,17 +117,6 @@ def fields_digest(left: models.Source, right: models.Source) -> str:
     return hashlib.sha256(types.encode()).hexdigest()[:12]
 
 
-def left_closed_through_ms(config: JobConfig, watermark_ms: int) -> int:
-    """A left join's batch: every left record with an event time at or before this (ms) had its window closed by the
-    batch's ``watermark_ms`` (``t + window <= W``), so its writer wrote it, matched or with NULLs. 0 for other
-    pipelines and before the first watermark. Recorded in the ledger for the next writer (handover.closed_windows):
-    as an event time, so it holds whatever join window that writer runs with."""
-    join = config.spec.join
-    if join is None or join.type == "inner" or watermark_ms <= 0:
-        return 0
-    return watermark_ms - parse_duration_ms(join.window)
-
-
 def join_sides(config: JobConfig) -> tuple[models.Source, models.Source]:
     """(left, right) sources. Spark's offset log lists the join's sources in this order (left first),
     so consumer groups must be handed to BatchWriter in it."""

@@ -56,8 +56,9 @@ def test_closed_windows_reach_the_join_operator_as_text_by_partition() -> None:
 def test_a_left_join_records_the_event_time_up_to_which_its_windows_are_closed() -> None:
     """The ledger's left_closed_ms: the batch's watermark less the join window (1 h in the example); nothing for an
     inner join, or before the first watermark."""
-    from glasspipe_job.join import left_closed_through_ms
+    from glasspipe_job.handover import left_closed_through_ms
 
-    assert left_closed_through_ms(config(type="left"), 7_200_000) == 3_600_000
-    assert left_closed_through_ms(config(type="left"), 0) == 0
-    assert left_closed_through_ms(config(type="inner"), 7_200_000) == 0
+    assert left_closed_through_ms(config(type="left").spec.join, 7_200_000) == 3_600_000
+    assert left_closed_through_ms(config(type="left").spec.join, 0) == 0
+    assert left_closed_through_ms(config(type="inner").spec.join, 7_200_000) == 0
+    assert left_closed_through_ms(None, 7_200_000) == 0
