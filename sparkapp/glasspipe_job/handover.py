@@ -15,7 +15,7 @@ its checkpoint is still the furthest point for its partitions:
      dedup operator only (*warm-up*: rows before the resume offset update the state and are not
      written), so keys whose window is still open stay deduplicated across the rescale. A join re-reads
      its window the same way; a left join also records which re-read left rows earlier writers wrote
-     already (``closed_windows``, from the watermarks in the ledger), so they are not written again.
+     already (``closed_windows``, from the ledger's ``left_closed_ms``), so they are not written again.
 The decision is written next to the checkpoint (``glasspipe-handover.json``) so that restarts of the
 new checkpoint replay exactly the same way. docs/scaling.md explains the protocol; the ledger rows it
 reads, and the roll-back, are in ``glasspipe_job.clickhouse.ledger``. ``resumable`` and ``new_start``
