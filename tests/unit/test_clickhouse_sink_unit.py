@@ -92,7 +92,7 @@ class FakeClient:
         if q.startswith(f"SELECT `{MARKER_COLUMN}`, count()"):
             return [(m, n) for m, n in self.chunks.items() if m.startswith(params["p"])]
         if q.startswith("INSERT INTO") and LEDGER_TABLE in q:
-            w, b, c, r, o, st, _watermark = (col[0] for col in params)
+            w, b, c, r, o, st, *_left_closed = (col[0] for col in params)
             self.ledger.append((w, b, c, r, o, st))
             return None
         if q.startswith("INSERT INTO"):
@@ -787,3 +787,27 @@ def test_the_last_fence_check_gives_up_on_an_unreachable_clickhouse_and_leaves_t
     assert sink.superseded_after_failure() is None
     assert UnreachableLedger.attempts >= 3 and now[0] <= FENCE_AFTER_FAILURE_SECONDS, (UnreachableLedger.attempts, now)
     assert sink.table.connection.retry_deadline is None and sink.superseded is None
+
+
+def test_a_ledger_the_sink_may_not_alter_keeps_its_rows_and_a_warning_names_the_fix(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A ledger created before left_closed_ms, and a sink user without the ALTER right: the sink writes its
+    batches as before (no such column in its ledger rows) and says which statement an admin runs."""
+
+    class NoAlter(FakeClient):
+        def execute(self, query: str, params: Any = None, **kwargs: Any) -> Any:
+            q = query.strip()
+            if "FROM system.columns" in q and "name = %(c)s" in q:
+                return [(0,)]
+            if q.startswith(f"ALTER TABLE `default`.`{LEDGER_TABLE}`"):
+                raise errors.ServerException("Not enough privileges", 497)
+            return super().execute(query, params, **kwargs)
+
+    client = NoAlter("24.8.1")
+    with caplog.at_level("WARNING"):
+        make_sink(client).write_batch(0, batch(4), '[{"t":{"0":4}}]', left_closed_ms=1234)
+    ledger_inserts = [c.query for c in client.calls if c.query.startswith("INSERT") and LEDGER_TABLE in c.query]
+    assert ledger_inserts and all("left_closed_ms" not in q for q in ledger_inserts), ledger_inserts
+    assert [r[5] for r in client.ledger] == ["pending", "done"]
+    assert f"ALTER TABLE `default`.`{LEDGER_TABLE}` ADD COLUMN left_closed_ms Int64 DEFAULT 0" in caplog.text
