@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
@@ -158,26 +158,27 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
         if lookback is not None and any(o > 0 for o in start.resume[topic].values()):
             read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: start.resume[topic]},
                                              lookback))
-    closed = closed_left_windows(config, ledger, read_from, start.resume)
-    decision = ho.Handover(start.writer_id, start.resume, read_from, plan, closed)
+    decision = ho.Handover(start.writer_id, start.resume, read_from, plan)
+    closed = closed_left_windows(config, ledger, decision)
+    decision = replace(decision, closed=closed)
     files.write(ho.HANDOVER_FILE, decision.to_json())
     log.info("new checkpoint %s as writer %s: resume %s, read from %s%s", config.checkpoint_dir, start.writer_id,
              start.resume, read_from, f", left rows closed by earlier writers {closed}" if closed else "")
     return decision, fence
 
 
-def closed_left_windows(config: JobConfig, ledger: Ledger, read_from: ho.Offsets,
-                        resume: ho.Offsets) -> ho.ClosedWindows:
+def closed_left_windows(config: JobConfig, ledger: Ledger, decision: ho.Handover) -> ho.ClosedWindows:
     """A left join's new writer: how far the earlier writers closed the windows of its left side's warm-up rows
-    (handover.closed_windows), recorded with the hand-over so that replays drop the same rows."""
+    (handover.closed_windows), recorded with the hand-over so that replays drop the same rows. No ledger read
+    when the left side has no warm-up rows."""
     join = config.spec.join
     if join is None or join.type == "inner":
         return {}
     topic = config.spec.source(join.left.source).kafka.topic
-    start, end = read_from.get(topic, {}), resume.get(topic, {})
-    if not any(start.get(p, o) < o for p, o in end.items()):
+    if not decision.warmup_partitions().get(topic):
         return {}
-    steps = ho.closed_windows(ledger.left_closed(config.writer_prefix), topic, start, end)
+    steps = ho.closed_windows(ledger.left_closed(config.writer_prefix), topic, decision.read_from.get(topic, {}),
+                              decision.resume.get(topic, {}))
     return {topic: steps} if steps else {}
 
 
