@@ -41,7 +41,8 @@ The plan, per micro-batch (one query, both topics in one offset log):
   glasspipe). Plan ``""`` was Spark's join; ``/1`` ran a late-flag operator on every side, so its
   operators' state stores are numbered differently; a ``/2`` with a deduplicating side kept a value and a
   timer a key there (``JOIN_DEDUP_BUCKETS_PLAN`` since); an inner ``/2`` joined by key, with a timer a
-  key (``JOIN_BUCKETS`` is added to the plan since), a left ``/2`` too (``LEFT_JOIN_BUCKETS`` since);
+  key (``JOIN_BUCKETS`` is added to the plan since), a left ``/2`` too (``LEFT_JOIN_BUCKETS`` since; its ``/1``
+  kept a timer for each distinct expiry of its waiting rows);
   until ``JOIN_PACKED_ROWS`` the operator kept each side's
   fields as a struct, not as its bytes. Since then the plan also names the sides' field types, so a change
   to a source's schema starts a new checkpoint the same way.
@@ -91,9 +92,10 @@ JOIN_DEDUP_BUCKETS_PLAN = f"{JOIN_STATE_PLAN}+dedup-buckets/1"
 # (io.glasspipe.spark.TemporalJoin.entrySchema).
 JOIN_BUCKETS = "+join-buckets/2"
 # A left join: grouped by a bucket of the key too, with the bucket's sweep timer and the keys of its unmatched left
-# rows by expiry, each expiry with an exact timer (state variables rows, pending and sweep), no longer by the key
-# with a timer a key. Its records keep the matched flag.
-LEFT_JOIN_BUCKETS = "+left-join-buckets/1"
+# rows by slots of their expiry, each slot with an exact timer at its earliest (state variables rows, pending and
+# sweep). /1 kept them by the exact expiry, a timer each; before it, by the key with a timer a key. Its records keep
+# the matched flag.
+LEFT_JOIN_BUCKETS = "+left-join-buckets/2"
 # Every join: each side's fields go through the join operator and its state as their UnsafeRow bytes
 # (io.glasspipe.spark.PackedRows), which only a reader of the same struct type may read. Spark's check of the state's
 # schema no longer sees the fields, so the plan names their types (fields_digest): a checkpoint written with other

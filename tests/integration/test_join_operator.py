@@ -218,6 +218,33 @@ def test_a_left_join_emits_an_unmatched_row_when_the_watermark_passes_its_window
         s.stop()
 
 
+def test_a_left_joins_waiting_rows_that_share_a_slot_are_each_emitted_in_the_batch_that_passes_their_window(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A bucket's waiting left rows share a pending timer a slot of expiry (BucketJoinProcessor.SLOT_MS, 4 s; the
+    slots here start at 01:00 and 01:04), set at the slot's earliest expiry: a row added later with an earlier expiry
+    moves it, and when it fires the rows not yet due stay with the timer set again at the earliest of them. Each row
+    is still emitted in the batch whose watermark passes its window, and one matched meanwhile never."""
+    k1, k2 = keys_in_one_bucket(spark)
+    s = JoinStream(spark, tmp_path, left_outer=True)
+    s.start()
+    try:
+        s.step([(k2, L, t("00:02"), "lb"), (k2, L, t("00:03"), "lb2")])  # expiries 01:02 and 01:03: timer 01:02
+        s.step([(k1, L, t("00:00"), "la")])  # expiry 01:00, the same slot: the timer moves to 01:00
+        s.step([("z", L, t("01:11"), "lz")])  # watermark 01:01: la is due, lb and lb2 are not
+        s.wait_rows([(k1, "side 0", "la", None)])
+        s.step([(k2, R, t("01:02.500"), "rb")])  # within lb2's window (59.5 s), a half second past lb's
+        s.wait_rows([(k1, "side 0", "la", None), (k2, "joined", "lb2", "rb")])
+        s.step([("z", L, t("01:12.500"), "lz2")])  # watermark 01:02.5: lb is due (its re-set timer), lb2 matched
+        s.wait_rows([(k1, "side 0", "la", None), (k2, "joined", "lb2", "rb"), (k2, "side 0", "lb", None)])
+        s.step([("y", L, t("05:00"), "ly")])  # watermark 04:50: z's rows are due, y waits
+        s.wait_rows([(k1, "side 0", "la", None), (k2, "joined", "lb2", "rb"), (k2, "side 0", "lb", None),
+                     ("z", "side 0", "lz", None), ("z", "side 0", "lz2", None)])
+        s.wait_state_rows(3)  # y's key, its pending slot and its bucket's sweep timer
+    finally:
+        s.stop()
+
+
 def test_a_left_joins_unmatched_rows_are_emitted_after_a_restart_and_a_null_key_at_once(
     spark: Any, tmp_path: Path
 ) -> None:

@@ -38,9 +38,12 @@ import scala.jdk.javaapi.CollectionConverters;
  * not late, so it is more than a window after any row whose window the watermark has passed, and matches none of
  * them. But a left join emits a left row that matched nothing when the watermark passes its window, which must not
  * wait for the grid. So a left join also keeps, a bucket, the keys of left rows that had no match when they
- * arrived, by the row's expiry ({@code pending}: expiry ms to keys), with an exact timer at each such expiry. That
- * timer reads only those keys; a row matched since then is not emitted, only dropped. Where most left rows find
- * their match in the batch they arrive in, or after it, a left join costs about what an inner one does.
+ * arrived ({@code pending}), by slots of {@link #SLOT_MS} of the rows' expiry, each slot with an exact timer at
+ * its earliest expiry. When it fires, the slot's keys due by the watermark are read (a row matched since then is
+ * not emitted, only dropped) and the timer set again at the earliest expiry left in the slot. So a bucket fires a
+ * pending timer about once a batch however many of its rows are due, not once for each distinct millisecond of
+ * expiry (docs/benchmarks.md, "A left join's waiting rows in slots"), and a row is still written in the batch whose
+ * watermark passes its window.
  */
 public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
@@ -52,6 +55,13 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
    */
   static final int GRID_PARTS = 2;
 
+  /**
+   * A left join's pending slot, in ms of expiry: its keys are read and rewritten as a list when rows are added or
+   * due, so a slot holds a few seconds of a bucket's unmatched rows; wider than a micro-batch's step of the watermark,
+   * so most buckets fire one pending timer a batch.
+   */
+  static final long SLOT_MS = 4_000L;
+
   private final JoinPairing pairing;
   private final boolean leftOuter;
   private final int[] keyIndexes;
@@ -60,7 +70,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
   private final StructType pendingSchema;
   private final long gridMs;
   private transient MapState<Row, Row> stored;
-  /** A left join's keys of left rows unmatched on arrival, by the rows' expiry (ms); one timer each. */
+  /** A left join's keys of left rows unmatched on arrival, by their expiry's slot: its timer and (expiry, key)s. */
   private transient MapState<Long, Row> pending;
   /** A left join's sweep timer (an inner join reads its only timer from Spark's timers instead). */
   private transient ValueState<Long> sweep;
@@ -72,7 +82,10 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
     this.stateSchema = stateSchema;
-    this.pendingSchema = new StructType().add("keys", DataTypes.createArrayType(keySchema, false), false);
+    this.pendingSchema = new StructType()
+        .add("timer", DataTypes.LongType, false)
+        .add("expiries", DataTypes.createArrayType(DataTypes.LongType, false), false)
+        .add("keys", DataTypes.createArrayType(keySchema, false), false);
     this.gridMs = KeyBuckets.gridMs(pairing.windowMs(), GRID_PARTS);
   }
 
@@ -98,7 +111,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
       pairing.route(row, watermark, out, fresh);
     }
     long earliest = Long.MAX_VALUE;
-    Map<Long, Set<Row>> unmatched = new TreeMap<>();
+    Map<Long, Slot> unmatched = new TreeMap<>();
     for (Map.Entry<Row, JoinPairing.Sides> e : byKey.entrySet()) {
       Row key = e.getKey();
       JoinPairing.Sides fresh = e.getValue();
@@ -120,12 +133,13 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
       if (leftOuter) {
         for (JoinPairing.Entry l : fresh.left) {
           if (!l.matched) {
-            unmatched.computeIfAbsent(pairing.expiryMs(l), t -> new LinkedHashSet<>()).add(key);
+            long expiry = pairing.expiryMs(l);
+            unmatched.computeIfAbsent(slotOf(expiry), n -> new Slot()).add(expiry, key);
           }
         }
       }
     }
-    for (Map.Entry<Long, Set<Row>> e : unmatched.entrySet()) {
+    for (Map.Entry<Long, Slot> e : unmatched.entrySet()) {
       addPending(e.getKey(), e.getValue());
     }
     if (earliest != Long.MAX_VALUE) {
@@ -138,21 +152,110 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     return JoinPairing.iterator(out);
   }
 
-  /** Adds keys due at {@code expiry}, with a timer there unless one is set (for these keys or the sweep). */
-  private void addPending(long expiry, Set<Row> keys) {
-    Row had = pending.getValue(expiry);
-    Set<Row> all = new LinkedHashSet<>();
-    if (had != null) {
-      all.addAll(had.getList(0));
-    } else if (!isSweep(expiry)) {
-      getHandle().registerTimer(expiry);
+  /** A pending slot's number: the expiry's {@link #SLOT_MS} step (its timer lies in the step, so slots never share one). */
+  static long slotOf(long expiryMs) {
+    return Math.floorDiv(expiryMs, SLOT_MS);
+  }
+
+  /** A pending slot's (expiry, key)s, and the timer it has set (its earliest expiry when written). */
+  private static final class Slot {
+    long timer = Long.MAX_VALUE;
+    final List<Long> expiries = new ArrayList<>();
+    final List<Row> keys = new ArrayList<>();
+
+    void add(long expiry, Row key) {
+      expiries.add(expiry);
+      keys.add(key);
     }
-    all.addAll(keys);
-    pending.updateValue(expiry, RowFactory.create(CollectionConverters.asScala(new ArrayList<>(all)).toSeq()));
+
+    long earliest() {
+      long min = Long.MAX_VALUE;
+      for (long e : expiries) {
+        min = Math.min(min, e);
+      }
+      return min;
+    }
+  }
+
+  private Slot readSlot(long slot) {
+    Row had = pending.getValue(slot);
+    Slot s = new Slot();
+    if (had != null) {
+      s.timer = had.getLong(0);
+      s.expiries.addAll(had.<Long>getList(1));
+      s.keys.addAll(had.<Row>getList(2));
+    }
+    return s;
+  }
+
+  private void writeSlot(long slot, Slot s) {
+    pending.updateValue(slot, RowFactory.create(s.timer, CollectionConverters.asScala(s.expiries).toSeq(),
+        CollectionConverters.asScala(s.keys).toSeq()));
   }
 
   private boolean isSweep(long timer) {
     return sweep.exists() && sweep.get() == timer;
+  }
+
+  /** Whether a pending slot's timer is {@code timer} (then the sweep may not delete it). */
+  private boolean isPendingTimer(long timer) {
+    Row had = pending.getValue(slotOf(timer));
+    return had != null && had.getLong(0) == timer;
+  }
+
+  /** Adds a batch's unmatched (expiry, key)s to their slot, moving the slot's timer to the earliest of them. */
+  private void addPending(long slot, Slot fresh) {
+    Slot s = readSlot(slot);
+    long had = s.timer;
+    s.expiries.addAll(fresh.expiries);
+    s.keys.addAll(fresh.keys);
+    s.timer = Math.min(had, fresh.earliest());
+    if (s.timer != had) {
+      if (had != Long.MAX_VALUE && !isSweep(had)) {
+        getHandle().deleteTimer(had);
+      }
+      if (!isSweep(s.timer)) {
+        getHandle().registerTimer(s.timer);
+      }
+    }
+    writeSlot(slot, s);
+  }
+
+  /**
+   * A pending slot's timer fired: the keys whose rows are due by the watermark are read (emitting their unmatched
+   * rows, evicting the key); the others stay, with the timer set again at the earliest of them.
+   */
+  private void firePending(long fired, long watermark, List<Row> out) {
+    long slot = slotOf(fired);
+    Slot s = readSlot(slot);
+    if (s.timer != fired) {
+      return; // the sweep's timer, in a slot with another timer or none
+    }
+    Set<Row> due = new LinkedHashSet<>();
+    Slot rest = new Slot();
+    for (int i = 0; i < s.expiries.size(); i++) {
+      long expiry = s.expiries.get(i);
+      if (expiry <= watermark) {
+        due.add(s.keys.get(i));
+      } else {
+        rest.add(expiry, s.keys.get(i));
+      }
+    }
+    for (Row key : due) {
+      Row state = stored.getValue(key);
+      if (state != null) {
+        evictKey(key, pairing.decode(state), watermark, out);
+      }
+    }
+    if (rest.expiries.isEmpty()) {
+      pending.removeKey(slot);
+      return;
+    }
+    rest.timer = rest.earliest(); // after the watermark: a later batch's
+    if (!isSweep(rest.timer)) {
+      getHandle().registerTimer(rest.timer);
+    }
+    writeSlot(slot, rest);
   }
 
   /** A left join's {@link KeyBuckets#keepTimerBefore}: the sweep timer, kept where a pending expiry shares it. */
@@ -162,21 +265,21 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     if (current != null && wanted >= current) {
       return;
     }
-    if (current != null && !pending.containsKey(current)) {
+    if (current != null && !isPendingTimer(current)) {
       getHandle().deleteTimer(current);
     }
     setSweep(wanted);
   }
 
   private void setSweep(long timer) {
-    if (!pending.containsKey(timer)) {
+    if (!isPendingTimer(timer)) {
       getHandle().registerTimer(timer);
     }
     sweep.update(timer);
   }
 
   /**
-   * A left join's pending timer emits the rows due then that never matched (evicting the keys it reads); the sweep
+   * A left join's pending timer emits its slot's rows due by then that never matched (evicting the keys it reads); the sweep
    * timer reads the bucket's keys: rows whose window the watermark has passed go, and keys left with none; the
    * sweep is set again for the earliest row left (Spark deletes the timer that fired). One timer may be both. Keys
    * are written as they are read, which Spark's RocksDB store allows ({@link BucketDedupProcessor#handleExpiredTimer}).
@@ -187,16 +290,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     long watermark = timerValues.getCurrentWatermarkInMs();
     if (leftOuter) {
       long fired = expiredTimerInfo.getExpiryTimeInMs();
-      Row due = pending.getValue(fired);
-      if (due != null) {
-        pending.removeKey(fired);
-        for (Row key : due.<Row>getList(0)) {
-          Row state = stored.getValue(key);
-          if (state != null) {
-            evictKey(key, pairing.decode(state), watermark, out);
-          }
-        }
-      }
+      firePending(fired, watermark, out);
       if (!isSweep(fired)) {
         return JoinPairing.iterator(out);
       }
