@@ -46,11 +46,14 @@ from glasspipe_dev.pipelines import STRICT_CODEGEN_CONF, load_example  # noqa: E
 
 
 def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float, produced: Any,
-             partitions: int = 1, hot_share: float | None = None, unmatched: float = 0.0) -> None:
+             partitions: int = 1, hot_share: float | None = None, unmatched: float = 0.0,
+             close_ms: int = 0) -> None:
     """Produce ``rate`` orders and ``rate`` user events per second in 50 ms ticks; event time = the tick's wall
     clock. ``unmatched``: the share of orders whose user never comes (every 100 orders, the first that many).
     Records go to the partition of their key, or with ``hot_share`` that share of them to partition 0 and the rest
-    evenly to the others (a skewed topic)."""
+    evenly to the others (a skewed topic). ``close_ms``: then one more matched pair (``o-close``) that far ahead,
+    event time and Kafka timestamp, whose watermark passes every window of the offer: a left join then writes the
+    last window's unmatched orders with NULLs too, so every order can be counted."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
@@ -84,6 +87,13 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
             k += 1
         p.poll(0)
         produced.value = k
+    if close_ms:
+        at = datetime.now(UTC).timestamp() * 1000 + close_ms
+        when = datetime.fromtimestamp(at / 1000, UTC).isoformat()
+        p.produce(users, key=b"u-close", timestamp=int(at), value=(
+            f'{{"user_id":"u-close","country":"c0","plan":"pro","updated_at":"{when}"}}').encode())
+        p.produce(orders, key=b"u-close", timestamp=int(at), value=(
+            f'{{"order_id":"o-close","user_id":"u-close","amount":0,"created_at":"{when}"}}').encode())
     p.flush(60)
     produced.value = k
 
@@ -167,8 +177,11 @@ def main() -> None:
         spark = local_session("glasspipe-bench-join", config.spark_conf)
         running = start_pipeline(spark, config)
         produced = mp.Value("q", 0)
+        # a left join with unmatched orders writes the last window's only once the watermark passes it
+        closing = args.type == "left" and args.unmatched > 0
+        close_ms = parse_duration_ms(args.window) + parse_duration_ms(args.lateness) + 2000 if closing else 0
         gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced,
-                                                args.partitions, args.hot_share, args.unmatched))
+                                                args.partitions, args.hot_share, args.unmatched, close_ms))
         started = time.monotonic()
         gen.start()
         client = ch.client()
@@ -205,7 +218,7 @@ def main() -> None:
                 last_written, last_t = written, now
                 print(f"{s['t']:5.0f} {s['produced']:9,.0f} {s['written']:9,.0f} {s['in']:7,.0f} {s['proc']:7,.0f} "
                       f"{s['batch_ms']:8,.0f} {s['state']:10,.0f} {s['mem']:8,.1f} {s['lag']:8,.0f}")
-                if not gen.is_alive() and written >= produced.value:
+                if not gen.is_alive() and written >= produced.value + closing:
                     break
         finally:
             gen.join(5)
@@ -247,14 +260,16 @@ def main() -> None:
         running.close()
         # a shortfall with records still to read is a run cut short; one with none left would be a loss
         ghosts = sum(1 for k in range(produced.value) if k % 100 < round(args.unmatched * 100))
-        expected = produced.value - (ghosts if args.type == "inner" else 0)
+        expected = produced.value - (ghosts if args.type == "inner" else 0) + closing
         if total == expected:
-            landed = "every order" if args.type == "left" else "all matched pairs"
+            landed = ("every order" + (", and o-close, whose watermark closed the last window" if closing else "")
+                      if args.type == "left" else "all matched pairs")
         elif left:
             landed = f"NOT all matched pairs yet: {left:,} records still to read when the harness stopped waiting"
         else:
             landed = "NOT all matched pairs, and no records left to read"
-        print(f"produced {produced.value:,} orders ({ghosts:,} unmatched), {total:,} rows in ClickHouse ({landed})")
+        print(f"produced {produced.value:,} orders ({ghosts:,} unmatched){' + o-close' if closing else ''}, "
+              f"{total:,} rows in ClickHouse ({landed})")
 
 
 if __name__ == "__main__":
