@@ -78,6 +78,7 @@ def deduplicate_within_window(
     partition_col: str | None = None,
     offset_col: str | None = None,
     late_col: str | None = None,
+    warmup_col: str | None = None,
 ) -> DataFrame:
     """Event-time dedup: the first row of a key wins; later rows of that key whose event time is
     before first + window are dropped; after the window the key is accepted again (new window).
@@ -93,13 +94,15 @@ def deduplicate_within_window(
     is counted: see ``keys_in_two_partitions``; with ``offset_col`` too, ties in event time are broken
     by (partition, offset), so a replayed batch keeps the same rows. With ``late_col`` (needs
     ``flag_col``), late rows are not dropped by Spark but emitted with ``late_col`` = true (for the
-    dead-letter topic); the result then carries no watermark, so nothing stateful may follow.
+    dead-letter topic); the result then carries no watermark, so nothing stateful may follow. A row with the
+    boolean ``warmup_col`` true (read again after a hand-over) is never late: it enters the state whatever the
+    new writer's watermark (io.glasspipe.spark.FirstOccurrence).
     """
     if not keys:
         raise ValueError("deduplicate_within_window needs at least one key column")
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, JVM_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
-                        passthrough_col, partition_col, offset_col, late_col)
+                        passthrough_col, partition_col, offset_col, late_col, warmup_col)
 
 
 def deduplicate_per_kafka_partition(
@@ -175,10 +178,11 @@ def flag_late_before_join(
     passthrough_col: str | None = None,
     partition_col: str | None = None,
     offset_col: str | None = None,
+    warmup_col: str | None = None,
 ) -> DataFrame:
     """One join side with deduplication: late rows flagged in ``late_col`` instead of dropped by Spark,
     deduplicated as ``deduplicate_within_window`` does. Rows with ``passthrough_col`` true (dead rows)
-    pass untouched, neither late nor duplicates.
+    pass untouched, neither late nor duplicates; rows with ``warmup_col`` true are never late.
 
     A row is late at or below the watermark, as the join counts it. ``event_time_col`` comes out as a
     copy without the watermark's mark, and no output column carries it: Spark drops no late row before
@@ -186,7 +190,7 @@ def flag_late_before_join(
     """
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, JVM_ENTRY, "flagLateBeforeJoin", list(keys), event_time_col, window_ms, flag_col,
-                        passthrough_col, partition_col, offset_col, late_col)
+                        passthrough_col, partition_col, offset_col, late_col, warmup_col)
 
 
 def temporal_join(

@@ -281,7 +281,8 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
         out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
                                         flag_col=DUPLICATE, passthrough_col=DEAD,
                                         partition_col="_gp_partition", offset_col="_gp_offset",
-                                        late_col=LATE if dead_letter_late else None)
+                                        late_col=LATE if dead_letter_late else None,
+                                        warmup_col=WARMUP if dead_letter_late else None)
     if not dead_letter_late:
         return out
     return (out.withColumn(STATUS, F.when(F.col(LATE), F.lit("dead")).otherwise(F.col(STATUS)))
@@ -321,7 +322,7 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -
     return flag_late_before_join(
         df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000,
         flag_col=DUPLICATE, late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition",
-        offset_col="_gp_offset")
+        offset_col="_gp_offset", warmup_col=WARMUP)
 
 
 def _without_watermark_mark(event_time: Column) -> Column:

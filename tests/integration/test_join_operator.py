@@ -295,3 +295,22 @@ def test_a_left_join_after_a_hand_over_drops_the_warm_up_rows_an_earlier_writer_
                      ("c", "side 0", "lc", None)])
     finally:
         s.stop()
+
+
+def test_a_warm_up_row_below_the_new_writers_watermark_is_kept_not_late(spark: Any, tmp_path: Path) -> None:
+    """A new writer reads its warm-up over many micro-batches, and its watermark rises with the partition furthest
+    ahead: a warm-up row of a partition behind falls below it. That row was on time for the writer that read it
+    first, so it is not late here: it enters the state, matches a fresh row, and an unmatched left row is written
+    with NULLs when its window ends (before, it was dropped as late and neither happened)."""
+    s = JoinStream(spark, tmp_path, left_outer=True)
+    s.start()
+    try:
+        s.step_at([("a", L, t("03:00"), "la", True, 0)])  # warm-up ahead in event time: watermark 02:50
+        s.step_at([("b", L, t("02:30"), "lb", True, 1), ("c", L, t("02:20"), "lc", True, 2)])  # below it
+        s.step_at([("b", R, t("03:00"), "rb", False, 100)])  # fresh: within lb's window
+        s.wait_rows([("b", "joined", "lb", "rb")])
+        s.step([("z", L, t("06:00"), "lz")])  # watermark 05:50: la's and lc's windows end, unmatched
+        s.wait_rows([("b", "joined", "lb", "rb"), ("a", "side 0", "la", None), ("c", "side 0", "lc", None)])
+    finally:
+        s.stop()
+

@@ -56,11 +56,11 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
 
   public BucketDedupProcessor(int[] keyIndexes, StructType keySchema, int eventTimeIndex, long windowMs,
       boolean emitDropped, int passthroughIndex, int partitionIndex, int offsetIndex,
-      LongAccumulator keysInTwoPartitions, boolean flagLate, boolean lateAtWatermark) {
+      LongAccumulator keysInTwoPartitions, boolean flagLate, boolean lateAtWatermark, int warmupIndex) {
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
     this.rule = new FirstOccurrence(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex,
-        offsetIndex, keysInTwoPartitions, flagLate, lateAtWatermark);
+        offsetIndex, keysInTwoPartitions, flagLate, lateAtWatermark, warmupIndex);
     this.gridMs = KeyBuckets.gridMs(windowMs, GRID_PARTS);
   }
 

@@ -26,7 +26,9 @@ import scala.Tuple2;
  * <p>Late rows: with late flags the caller has kept Spark from dropping rows below the watermark ({@link
  * WindowDedup}); they are emitted with the late flag set, without reading or changing any state, so that they
  * reach the dead-letter topic. Before a join a row is late at the watermark too, as the join operator counts it
- * ({@code t <= watermark}).
+ * ({@code t <= watermark}). A warm-up row (read again after a hand-over to rebuild the state) is never late: the
+ * writer that read it first judged it, and the new writer's own watermark, which rises with the partition furthest
+ * ahead while the warm-up is read over many micro-batches, says nothing about it.
  *
  * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and offset), so a
  * replayed micro-batch with the same rows gives the same result.
@@ -47,13 +49,16 @@ public final class FirstOccurrence implements Serializable {
   private final LongAccumulator keysInTwoPartitions;
   private final boolean withLate;
   private final boolean lateAtWatermark;
+  private final int warmupIndex;
 
   /**
    * @param withLate the output rows carry a late flag after the duplicate flag
    * @param lateAtWatermark a row at the watermark is late too (before a join, which counts it so)
+   * @param warmupIndex the BOOLEAN warm-up column (-1: none); a warm-up row is never late
    */
   FirstOccurrence(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex, int partitionIndex,
-      int offsetIndex, LongAccumulator keysInTwoPartitions, boolean withLate, boolean lateAtWatermark) {
+      int offsetIndex, LongAccumulator keysInTwoPartitions, boolean withLate, boolean lateAtWatermark,
+      int warmupIndex) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
@@ -63,6 +68,7 @@ public final class FirstOccurrence implements Serializable {
     this.keysInTwoPartitions = keysInTwoPartitions;
     this.withLate = withLate;
     this.lateAtWatermark = lateAtWatermark;
+    this.warmupIndex = warmupIndex;
   }
 
   /**
@@ -112,11 +118,12 @@ public final class FirstOccurrence implements Serializable {
   /**
    * With late flags, a row below the watermark (or at it, before a join): Spark would have dropped it had the
    * caller not kept it from doing so ({@link WindowDedup}), so it goes to the dead-letter topic. Without late
-   * flags, Spark has already dropped such rows.
+   * flags, Spark has already dropped such rows. A warm-up row is never late (see the class comment).
    */
   boolean isLate(Row row, long watermarkMs) {
     long t = eventMs(row);
-    return withLate && t != Long.MIN_VALUE && (lateAtWatermark ? t <= watermarkMs : t < watermarkMs);
+    return withLate && t != Long.MIN_VALUE && (lateAtWatermark ? t <= watermarkMs : t < watermarkMs)
+        && !(warmupIndex >= 0 && !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex));
   }
 
   /** A row that bypasses the state (e.g. a record bound for the dead-letter topic). */

@@ -25,7 +25,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>A kept row may go once the watermark {@code W} reaches {@code t + window}: a row arriving later that is not
  * late has {@code t' > W >= t + window}, so it cannot match (rows with {@code t' <= W} are late: flagged by a side's
  * dedup operator, or, where the late flag is NULL, here, against the same watermark). Late rows pass through without
- * touching state.
+ * touching state. Warm-up rows are never late (see {@link #isWarmup}).
  *
  * <p>Output rows have the input's columns: a joined row has side {@link #JOINED}, both structs, the later of the
  * two event times, the warm-up flag set only if both rows are warm-up rows, the late flag false; an unmatched left
@@ -211,7 +211,7 @@ final class JoinPairing implements Serializable {
    */
   void route(Row row, long watermarkMs, List<Row> out, Sides fresh) {
     if (row.isNullAt(lateIndex)) {
-      if (isLate(row, watermarkMs)) {
+      if (!isWarmup(row) && isLate(row, watermarkMs)) {
         out.add(asLate(row)); // late: a dead letter, never in state
         return;
       }
@@ -225,6 +225,15 @@ final class JoinPairing implements Serializable {
       return; // an earlier writer wrote it (see the class comment)
     }
     (side == LEFT ? fresh.left : fresh.right).add(e);
+  }
+
+  /**
+   * A warm-up row is never late: the writer that read it first judged it (and dead-lettered it if late), and the
+   * new writer's own watermark, which rises with the partition furthest ahead while the warm-up is read over many
+   * micro-batches, says nothing about it. (A side's dedup operator does not flag warm-up rows late either.)
+   */
+  private boolean isWarmup(Row row) {
+    return !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex);
   }
 
   /** Whether a writer before the hand-over read this warm-up left row and closed its window. */

@@ -75,7 +75,20 @@ public final class WindowDedup {
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
-    return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, false);
+    return deduplicate(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol,
+        null);
+  }
+
+  /**
+   * As above; with {@code warmupCol} non-null, a BOOLEAN column: a row with it true (read again after a hand-over to
+   * rebuild the state) is never late, so it enters the state whatever the new writer's watermark
+   * ({@link FirstOccurrence}).
+   */
+  public static Dataset<Row> deduplicate(
+      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String warmupCol) {
+    return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, false,
+        warmupCol);
   }
 
   /**
@@ -84,20 +97,22 @@ public final class WindowDedup {
    * {@code passthroughCol} true (dead rows) pass untouched. A row is late at or below the watermark
    * ({@code t <= watermark}, as the join counts it). No output column carries the watermark's mark, so
    * Spark drops no late row before the join either. (A side without deduplication needs no operator:
-   * the join flags its late rows.)
+   * the join flags its late rows.) A row with {@code warmupCol} true is never late ({@link FirstOccurrence}).
    */
   public static Dataset<Row> flagLateBeforeJoin(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String warmupCol) {
     if (lateCol == null) {
       throw new IllegalArgumentException("flagLateBeforeJoin needs lateCol");
     }
-    return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, true);
+    return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, true,
+        warmupCol);
   }
 
   private static Dataset<Row> build(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String passthroughCol, String partitionCol, String offsetCol, String lateCol, boolean beforeJoin) {
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, boolean beforeJoin,
+      String warmupCol) {
     if (lateCol != null) {
       if (flagCol == null) {
         throw new IllegalArgumentException("lateCol needs flagCol");
@@ -148,12 +163,13 @@ public final class WindowDedup {
     }
     int partitionIndex = partitionCol == null ? -1 : schema.fieldIndex(partitionCol);
     int offsetIndex = offsetCol == null ? -1 : schema.fieldIndex(offsetCol);
+    int warmupIndex = warmupCol == null ? -1 : schema.fieldIndex(warmupCol);
     if (keysInTwoPartitions == null) {
       keysInTwoPartitions = df.sparkSession().sparkContext().longAccumulator("glasspipe.keysInTwoPartitions");
     }
     BucketDedupProcessor processor = new BucketDedupProcessor(keyIndexes, keySchema, etIndex, windowMs,
         flagCol != null, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions, lateCol != null,
-        beforeJoin);
+        beforeJoin, warmupIndex);
     KeyValueGroupedDataset<Row, Row> grouped = KeyBuckets.groupByBucket(df, keyCols, BUCKET_COLUMN);
     if (lateCol != null) {
       // No output column carries the watermark's mark: the watermark still reaches a join after this
