@@ -194,9 +194,11 @@ def main() -> None:
         print(f"{'t[s]':>5} {'produced':>9} {'written':>9} {'in/s':>7} {'proc/s':>7} {'batch ms':>8} "
               f"{'state rows':>10} {'state MB':>8} {'lag':>8}")
         samples: list[dict[str, float]] = []
-        last_written, last_t = 0, started
+        last_written, last_t, moved = 0, started, started
         try:
-            while gen.is_alive() or time.monotonic() - started < args.seconds + 60:
+            # a minute past the offer, and on while rows still land (o-close's batch writes a whole window's NULLs)
+            while (gen.is_alive() or time.monotonic() - started < args.seconds + 60
+                   or time.monotonic() - moved < 60):
                 time.sleep(5)
                 now = time.monotonic()
                 try:
@@ -215,6 +217,7 @@ def main() -> None:
                      "state": state_rows, "mem": mem / 1e6, "lag": lag,
                      "write_rate": (written - last_written) / (now - last_t)}
                 samples.append(s)
+                moved = now if written != last_written else moved
                 last_written, last_t = written, now
                 print(f"{s['t']:5.0f} {s['produced']:9,.0f} {s['written']:9,.0f} {s['in']:7,.0f} {s['proc']:7,.0f} "
                       f"{s['batch_ms']:8,.0f} {s['state']:10,.0f} {s['mem']:8,.1f} {s['lag']:8,.0f}")
