@@ -196,9 +196,11 @@ def main() -> None:
         samples: list[dict[str, float]] = []
         last_written, last_t, moved = 0, started, started
         try:
-            # a minute past the offer, and on while rows still land (o-close's batch writes a whole window's NULLs)
+            # a minute past the offer, and on while rows still land or a batch runs (o-close's batch emits a whole
+            # window's NULL rows at once), for at most 15 minutes more
             while (gen.is_alive() or time.monotonic() - started < args.seconds + 60
-                   or time.monotonic() - moved < 60):
+                   or (time.monotonic() - started < args.seconds + 960
+                       and (time.monotonic() - moved < 60 or running.query.status.get("isTriggerActive")))):
                 time.sleep(5)
                 now = time.monotonic()
                 try:

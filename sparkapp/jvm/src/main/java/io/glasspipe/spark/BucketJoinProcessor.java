@@ -152,7 +152,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
     return JoinPairing.iterator(out);
   }
 
-  /** A pending slot's number: the expiry's {@link #SLOT_MS} step (its timer lies in the step, so slots never share one). */
+  /** A pending slot's number: its expiries' {@link #SLOT_MS} step (its timer lies in it: slots share no timer). */
   static long slotOf(long expiryMs) {
     return Math.floorDiv(expiryMs, SLOT_MS);
   }
@@ -279,10 +279,11 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
   }
 
   /**
-   * A left join's pending timer emits its slot's rows due by then that never matched (evicting the keys it reads); the sweep
-   * timer reads the bucket's keys: rows whose window the watermark has passed go, and keys left with none; the
-   * sweep is set again for the earliest row left (Spark deletes the timer that fired). One timer may be both. Keys
-   * are written as they are read, which Spark's RocksDB store allows ({@link BucketDedupProcessor#handleExpiredTimer}).
+   * A left join's pending timer emits its slot's rows due by then that never matched (evicting the keys it reads);
+   * the sweep timer reads the bucket's keys: rows whose window the watermark has passed go, and keys left with
+   * none; the sweep is set again for the earliest row left (Spark deletes the timer that fired). One timer may be
+   * both. Keys are written as they are read, which Spark's RocksDB store allows
+   * ({@link BucketDedupProcessor#handleExpiredTimer}).
    */
   @Override
   public Iterator<Row> handleExpiredTimer(Row bucket, TimerValues timerValues, ExpiredTimerInfo expiredTimerInfo) {
