@@ -67,6 +67,18 @@ if [ "$(base_label)" != "$BASE_RECIPE" ]; then
 fi
 BASE_ID="$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$BASE_REF")"
 
+# --- leftovers of killed builds -----------------------------------------------------------------------
+# A build killed mid-way (a CI run stopped during its set-up) leaves its working container in the storage
+# (`ps --external`, status "Storage"). It holds the build's intermediate image, so `image prune` below would
+# refuse with "image is in use by a container" and fail the set-up. Under the lock above no build of ours is
+# running, so every such container is a leftover.
+leftovers="$("${PODMAN[@]}" ps --all --external --format '{{.ID}} {{.Status}}' | awk '$2 == "Storage" {print $1}')"
+if [ -n "$leftovers" ]; then
+  gp_log "images: removing $(wc -w <<<"$leftovers") working container(s) of killed builds"
+  # shellcheck disable=SC2086
+  "${PODMAN[@]}" rm --force --storage $leftovers >/dev/null
+fi
+
 # --- build context ----------------------------------------------------------------------------------
 # Only what the Dockerfiles copy, plus the jars from the cache (dev/images/stage-jars.sh).
 rm -rf "$CONTEXT"
