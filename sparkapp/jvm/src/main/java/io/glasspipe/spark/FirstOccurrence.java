@@ -123,7 +123,11 @@ public final class FirstOccurrence implements Serializable {
   boolean isLate(Row row, long watermarkMs) {
     long t = eventMs(row);
     return withLate && t != Long.MIN_VALUE && (lateAtWatermark ? t <= watermarkMs : t < watermarkMs)
-        && !(warmupIndex >= 0 && !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex));
+        && !isWarmup(row);
+  }
+
+  private boolean isWarmup(Row row) {
+    return warmupIndex >= 0 && !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex);
   }
 
   /** A row that bypasses the state (e.g. a record bound for the dead-letter topic). */

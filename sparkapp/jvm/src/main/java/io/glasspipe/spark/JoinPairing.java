@@ -211,7 +211,7 @@ final class JoinPairing implements Serializable {
    */
   void route(Row row, long watermarkMs, List<Row> out, Sides fresh) {
     if (row.isNullAt(lateIndex)) {
-      if (!isWarmup(row) && isLate(row, watermarkMs)) {
+      if (isLate(row, watermarkMs)) {
         out.add(asLate(row)); // late: a dead letter, never in state
         return;
       }
@@ -245,10 +245,11 @@ final class JoinPairing implements Serializable {
   /**
    * A row whose late flag is NULL (a side without deduplication, so no operator of its own) is late at
    * or below the watermark, as the sides' dedup operators count it ({@code WindowDedup}): the same
-   * watermark then decides lateness and eviction, which is what makes eviction exact.
+   * watermark then decides lateness and eviction, which is what makes eviction exact. Never a warm-up row.
    */
   private boolean isLate(Row row, long watermarkMs) {
-    return !row.isNullAt(eventTimeIndex) && Math.floorDiv(micros(row.get(eventTimeIndex)), 1000L) <= watermarkMs;
+    return !isWarmup(row) && !row.isNullAt(eventTimeIndex)
+        && Math.floorDiv(micros(row.get(eventTimeIndex)), 1000L) <= watermarkMs;
   }
 
   /** The row with its late flag set (its event time kept, for the dead letter's reason). */

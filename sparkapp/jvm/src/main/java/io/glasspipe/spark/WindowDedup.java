@@ -61,7 +61,8 @@ public final class WindowDedup {
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol) {
-    return deduplicate(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, null);
+    return deduplicate(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, null,
+        null);
   }
 
   /**
@@ -71,18 +72,8 @@ public final class WindowDedup {
    * them; so here the event time is copied into a column without the watermark mark (the watermark
    * itself is already tracked upstream) and {@code transformWithState} runs in event-time mode with no
    * marked column in or out; event-time mode passes the input's watermark on to an operator after it.
-   */
-  public static Dataset<Row> deduplicate(
-      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String passthroughCol, String partitionCol, String offsetCol, String lateCol) {
-    return deduplicate(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol,
-        null);
-  }
-
-  /**
-   * As above; with {@code warmupCol} non-null, a BOOLEAN column: a row with it true (read again after a hand-over to
-   * rebuild the state) is never late, so it enters the state whatever the new writer's watermark
-   * ({@link FirstOccurrence}).
+   * With {@code warmupCol} non-null, a BOOLEAN column: a row with it true (read again after a hand-over to rebuild
+   * the state) is never late, so it enters the state whatever the new writer's watermark ({@link FirstOccurrence}).
    */
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
