@@ -63,8 +63,9 @@ def main() -> int:
     def probe_deduplicate(df: Any, keys: list[str], event_time_col: str, window_seconds: float,
                           flag_col: str | None = None, passthrough_col: str | None = None,
                           partition_col: str | None = None, offset_col: str | None = None,
-                          late_col: str | None = None, warmup_col: str | None = None) -> Any:
-        # warmup_col: the probe flags no row late, a warm-up row included
+                          late_col: str | None = None, warmup_col: str | None = None,
+                          judged_late: Any = None) -> Any:
+        # warmup_col, judged_late: the probe flags no row late, a warm-up row included
         return jvm._call_static(df, ENTRY, "deduplicate", list(keys), event_time_col, round(window_seconds * 1000),
                                 flag_col, passthrough_col, partition_col, offset_col, late_col)
 

@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker, arrow_partitions
+from glasspipe_job.clickhouse.ledger import LateRange
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
@@ -42,6 +43,7 @@ from glasspipe_job.transform import (
     EVENT_TIME,
     KAFKA_TIMESTAMP,
     KEY,
+    LATE_REASON_PREFIX,
     META_COLUMNS,
     REASON,
     STATUS,
@@ -99,6 +101,27 @@ class _BatchCounts:
     duplicates: int = 0
     kafka: list[np.ndarray] = field(default_factory=list)
     event: list[np.ndarray] = field(default_factory=list)
+    # (topic, partition) -> (lowest offset, highest offset, latest event time ms) of the late rows
+    late: dict[tuple[str, int], tuple[int, int, int]] = field(default_factory=dict)
+
+    def add_late(self, dead: pa.Table) -> None:
+        """Note the late rows among a part's dead rows: the ledger records their ranges with the batch
+        (handover.judged_late), so that a successor that reads them again as warm-up keeps them late."""
+        late = dead.filter(pc.and_(pc.fill_null(pc.starts_with(dead.column(REASON), LATE_REASON_PREFIX), False),
+                                   pc.is_valid(dead.column(EVENT_TIME))))
+        if not late.num_rows:
+            return
+        ms = np.floor_divide(epoch_micros(late.column(EVENT_TIME)), 1000)  # as the operators read event times
+        stats = (pa.table({"t": late.column("_gp_topic"), "p": late.column("_gp_partition"),
+                           "o": late.column("_gp_offset"), "ms": ms})
+                 .group_by(["t", "p"]).aggregate([("o", "min"), ("o", "max"), ("ms", "max")]))
+        for t, p, lo, hi, m in zip(*(stats.column(c).to_pylist() for c in ("t", "p", "o_min", "o_max", "ms_max")),
+                                   strict=True):
+            old = self.late.get((t, p))
+            self.late[(t, p)] = (lo, hi, m) if old is None else (min(old[0], lo), max(old[1], hi), max(old[2], m))
+
+    def late_ranges(self) -> list[LateRange]:
+        return [LateRange(t, p, lo, hi, m) for (t, p), (lo, hi, m) in sorted(self.late.items())]
 
     def kafka_micros(self) -> np.ndarray:
         return np.concatenate(self.kafka) if self.kafka else np.zeros(0, dtype=np.int64)
@@ -163,7 +186,7 @@ class BatchWriter:
         try:
             result = self.sink.write_parts(batch_id, self._kept_parts(tables, seen),
                                            json.dumps(offsets, sort_keys=True),
-                                           left_closed_through_ms(self.config.spec.join, watermark))
+                                           left_closed_through_ms(self.config.spec.join, watermark), seen.late_ranges)
             if result.skipped_replay and not tables.computed():
                 # Committed before a crash (its dead letters were sent before that): nothing is sent or written
                 # again, but the plan still runs so that Spark's state moves to this batch's version.
@@ -227,6 +250,7 @@ class BatchWriter:
             seen.parts += 1
             dead, kept, duplicates = self.split(table)
             if dead.num_rows:
+                seen.add_late(dead)
                 self.sink.check_fence()
                 self.dead_letters.send(dead)
                 for r in dead.column(REASON).to_pylist():

@@ -16,6 +16,8 @@ its checkpoint is still the furthest point for its partitions:
      written), so keys whose window is still open stay deduplicated across the rescale. A join re-reads
      its window the same way; a left join also records which re-read left rows earlier writers wrote
      already (``closed_windows``, from the ledger's ``left_closed_ms``), so they are not written again.
+     A re-read row that its first writer found late (it is in the dead-letter topic) is late again
+     (``judged_late``, from the late ranges the ledger keeps): it must not enter the state now.
 The decision is written next to the checkpoint (``glasspipe-handover.json``) so that restarts of the
 new checkpoint replay exactly the same way. docs/scaling.md explains the protocol; the ledger rows it
 reads, and the roll-back, are in ``glasspipe_job.clickhouse.ledger``. ``resumable`` and ``new_start``
@@ -42,7 +44,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
-from glasspipe_job.clickhouse.ledger import DONE, PENDING, ROLLED_BACK
+from glasspipe_job.clickhouse.ledger import DONE, PENDING, ROLLED_BACK, LateRange
 
 log = logging.getLogger("glasspipe.job")
 
@@ -50,6 +52,8 @@ HANDOVER_FILE = "glasspipe-handover.json"
 Offsets = dict[str, dict[int, int]]  # topic -> partition -> next offset to read
 # topic -> partition -> (end offset, closed event time ms) of each earlier writer that read past the warm-up start
 ClosedWindows = dict[str, dict[int, list[tuple[int, int]]]]
+# topic -> partition -> (lowest offset, highest offset, latest event time ms) of each batch's late rows (judged_late)
+JudgedLate = dict[str, dict[int, list[tuple[int, int, int]]]]
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class Handover:
     plan: str = ""
     # a left join's: per left partition, (end offset, closed event time ms) of each earlier writer (closed_windows)
     closed: ClosedWindows = field(default_factory=dict)
+    # the warm-up rows earlier writers found late, per topic and partition (judged_late)
+    late: JudgedLate = field(default_factory=dict)
 
     def to_json(self) -> str:
         doc: dict[str, Any] = {"writerId": self.writer_id, "resume": self.resume, "readFrom": self.read_from,
@@ -71,6 +77,9 @@ class Handover:
         if self.closed:
             doc["closed"] = {t: {str(p): [list(s) for s in steps] for p, steps in parts.items()}
                              for t, parts in self.closed.items()}
+        if self.late:
+            doc["late"] = {t: {str(p): [list(r) for r in ranges] for p, ranges in parts.items()}
+                           for t, parts in self.late.items()}
         return json.dumps(doc, sort_keys=True)
 
     @staticmethod
@@ -82,7 +91,9 @@ class Handover:
 
         closed = {t: {int(p): [(int(e), int(w)) for e, w in steps] for p, steps in parts.items()}
                   for t, parts in d.get("closed", {}).items()}
-        return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]), d.get("plan", ""), closed)
+        late = {t: {int(p): [(int(lo), int(hi), int(m)) for lo, hi, m in ranges] for p, ranges in parts.items()}
+                for t, parts in d.get("late", {}).items()}
+        return Handover(d["writerId"], offsets(d["resume"]), offsets(d["readFrom"]), d.get("plan", ""), closed, late)
 
     @staticmethod
     def from_record(text: str) -> Handover | None:
@@ -267,6 +278,25 @@ def closed_windows(closes: Iterable[tuple[str, str, int]], topic: str, read_from
             if start is not None and start < resume.get(p, start) and end > start:
                 out.setdefault(p, []).append((end, closed))
     return {p: sorted(steps) for p, steps in sorted(out.items())}
+
+
+def judged_late(recorded: Iterable[LateRange], rows: Sequence[tuple[str, int, str, str]], read_from: Offsets,
+                resume: Offsets) -> JudgedLate:
+    """For a new writer: per partition with warm-up rows (``read_from`` below ``resume``), the late ranges that earlier
+    writers' done batches recorded (``recorded``, ``Ledger.late_ranges``) and that reach into the warm-up, but those of
+    batches rolled back (``rows``: the hand-over's ledger rows; a stale writer may commit a batch a successor rolled
+    back, whose records the successor then judged afresh). A warm-up row at an offset in [lo, hi] with event time
+    t <= m was late for the writer that read it first, and only such a row was (io.glasspipe.spark.JudgedLate): it is
+    in the dead-letter topic, so the new writer keeps it out of its state as that writer did. Sorted by offset."""
+    rolled_back = {(w, b) for w, b, st, _ in rows if st == ROLLED_BACK}
+    out: JudgedLate = {}
+    for r in recorded:
+        start, end = read_from.get(r.topic, {}).get(r.partition), resume.get(r.topic, {}).get(r.partition)
+        if (r.writer, r.batch_id) in rolled_back or start is None or end is None:
+            continue
+        if start < end and r.highest >= start and r.lowest < end:
+            out.setdefault(r.topic, {}).setdefault(r.partition, []).append((r.lowest, r.highest, r.event_time_ms))
+    return {t: {p: sorted(ranges) for p, ranges in sorted(parts.items())} for t, parts in sorted(out.items())}
 
 
 # ------------------------------------------------------------------------------- checkpoint files

@@ -61,7 +61,7 @@ from pyspark.sql import types as T
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
-from glasspipe_job.jvm import JOIN_LEFT, JOIN_RIGHT, temporal_join
+from glasspipe_job.jvm import JOIN_LEFT, JOIN_RIGHT, JudgedLateRanges, temporal_join
 from glasspipe_job.transform import (
     DEAD,
     DUPLICATE,
@@ -141,13 +141,15 @@ def _key(i: int) -> str:
 
 
 def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], side: int,
-               left: models.Source, right: models.Source) -> DataFrame:
+               left: models.Source, right: models.Source, judged_late: JudgedLateRanges) -> DataFrame:
     """ok and dead rows -> watermark -> (with dedup) late flagged, dedup (JVM); duplicates counted
     (observe) and dropped; fields packed in a struct named after the source (the other side's struct
     NULL), in the shape of the join operator's input. ``PASS``: true on dead and late rows, which pass
     the join untouched; NULL where the join operator decides lateness (no dedup). Rows that pass or may
-    pass keep their Kafka coordinates and key; the others' are NULL (the join state never holds them)."""
-    rows = source_rows(checked, source, join_keys=keys)  # withWatermark(EVENT_TIME) inside; re-emitted
+    pass keep their Kafka coordinates and key; the others' are NULL (the join state never holds them).
+    ``judged_late``: the side's warm-up rows earlier writers found late (handover.judged_late)."""
+    # withWatermark(EVENT_TIME) inside; re-emitted
+    rows = source_rows(checked, source, join_keys=keys, judged_late=judged_late)
     if source.deduplication is not None:
         rows = rows.observe(DEDUP_OBSERVATION + source.name,
                             F.sum(F.when(F.col(DUPLICATE), 1).otherwise(0)).alias("duplicates"))
@@ -189,25 +191,28 @@ def check_runnable(config: JobConfig, partition_counts: Mapping[str, int]) -> No
 
 
 def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame], partition_counts: Mapping[str, int],
-                      closed_left: Mapping[int, Sequence[tuple[int, int]]] | None = None) -> DataFrame:
+                      closed_left: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+                      judged_late: Mapping[str, JudgedLateRanges] | None = None) -> DataFrame:
     """The joined stream with the columns BatchWriter expects (select_output).
 
     ``parsed[source.name]`` is that source's stream after ``parse_and_check`` and ``with_warmup_flag``
     (stateless); everything stateful happens here, once per source. ``partition_counts``: partitions
     of each source's topic (checked for co-partitioning when there are several replicas). ``closed_left``: a left
     join's hand-over record's ``closed`` for its left topic (the warm-up rows earlier writers wrote).
+    ``judged_late``: per source name, the hand-over record's ``late`` for its topic (handover.judged_late).
     """
     join = config.spec.join
     assert join is not None
     check_runnable(config, partition_counts)
     left, right = join_sides(config)
-    both = (_kept_side(parsed[left.name], left, join.left.keys, JOIN_LEFT, left, right)
-            .unionByName(_kept_side(parsed[right.name], right, join.right.keys, JOIN_RIGHT, left, right)))
+    judged = ((judged_late or {}).get(left.name, {}), (judged_late or {}).get(right.name, {}))
+    both = (_kept_side(parsed[left.name], left, join.left.keys, JOIN_LEFT, left, right, judged[0])
+            .unionByName(_kept_side(parsed[right.name], right, join.right.keys, JOIN_RIGHT, left, right, judged[1])))
     out = temporal_join(
         both, [_key(i) for i in range(len(join.left.keys))], side_col=SIDE, event_time_col=EVENT_TIME,
         late_col=PASS, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,
         left_col=left.name, right_col=right.name, window_seconds=parse_duration_ms(join.window) / 1000,
-        left_outer=join.type != "inner", closed_left=closed_left)
+        left_outer=join.type != "inner", closed_left=closed_left, judged_late=judged)
     late = F.col(PASS)  # dead and late rows
     # late rows (flagged by a side's dedup operator or by the join operator) get their reason here;
     # dead rows keep their own
@@ -225,7 +230,9 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame], partit
         # late warm-up row was dead-lettered by that layout; an unmatched left row is not
         WARMUP,
         # freshness: the Kafka timestamps are not kept in the join state (so no end-to-end latency for
-        # joined rows); a joined row's event time is its later side's, NULL on late rows
-        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP), F.when(~late, F.col(EVENT_TIME)).alias(EVENT_TIME),
+        # joined rows); a joined row's event time is its later side's; a late row keeps its own (its batch's ledger
+        # row records the late rows' ranges, handover.judged_late), a dead row has none
+        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP),
+        F.when(~late | late_here, F.col(EVENT_TIME)).alias(EVENT_TIME),
     )
     return select_output(joined, config)

@@ -29,6 +29,9 @@ JAR_NAME = "glasspipe-spark-ops.jar"
 JVM_ENTRY = "io.glasspipe.spark.WindowDedup"
 INSTALL_SCRIPT = "dev/install/jvm-ops.sh"
 _SRC_DIR = Path(__file__).resolve().parents[1] / "jvm" / "src" / "main" / "java"
+# A source's warm-up rows its earlier writers found late (handover.judged_late): per Kafka partition, (lowest offset,
+# highest offset, latest event time ms) of the late rows of each batch that had any.
+JudgedLateRanges = Mapping[int, Sequence[tuple[int, int, int]]]
 
 
 def _cache_dir() -> Path:
@@ -79,6 +82,7 @@ def deduplicate_within_window(
     offset_col: str | None = None,
     late_col: str | None = None,
     warmup_col: str | None = None,
+    judged_late: JudgedLateRanges | None = None,
 ) -> DataFrame:
     """Event-time dedup: the first row of a key wins; later rows of that key whose event time is
     before first + window are dropped; after the window the key is accepted again (new window).
@@ -95,14 +99,16 @@ def deduplicate_within_window(
     by (partition, offset), so a replayed batch keeps the same rows. With ``late_col`` (needs
     ``flag_col``), late rows are not dropped by Spark but emitted with ``late_col`` = true (for the
     dead-letter topic); the result then carries no watermark, so nothing stateful may follow. A row with the
-    boolean ``warmup_col`` true (read again after a hand-over) is never late: it enters the state whatever the
-    new writer's watermark (io.glasspipe.spark.FirstOccurrence).
+    boolean ``warmup_col`` true (read again after a hand-over) is late only as the writer that read it first judged
+    it (``judged_late``: per Kafka partition, the ranges of handover.judged_late); otherwise it enters the state
+    whatever the new writer's watermark (io.glasspipe.spark.FirstOccurrence).
     """
     if not keys:
         raise ValueError("deduplicate_within_window needs at least one key column")
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, JVM_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
-                        passthrough_col, partition_col, offset_col, late_col, warmup_col)
+                        passthrough_col, partition_col, offset_col, late_col, warmup_col,
+                        judged_late_text(judged_late or {}))
 
 
 def deduplicate_per_kafka_partition(
@@ -119,6 +125,7 @@ def deduplicate_per_kafka_partition(
     state_root: str,
     filtered: Column,
     warmup: Column,
+    judged_late: JudgedLateRanges | None = None,
 ) -> DataFrame:
     """Deduplication as ``deduplicate_within_window`` (every row kept, flagged in ``flag_col`` and ``late_col``),
     but per Kafka partition in the first stage (``io.glasspipe.spark.PartitionDedup``): no shuffle, no sort, no
@@ -126,12 +133,14 @@ def deduplicate_per_kafka_partition(
     only when every record of a key is in one Kafka partition; within a partition the first row to arrive wins.
     Late rows are flagged against the batch's watermark, which the driver sets before each batch's job
     (``set_batch_watermark``). It counts the rows it sees (``partition_dedup_counts``): ``filtered`` and ``warmup``
-    are BOOLEAN columns of ``df``, a row the filter drops and a row read only to rebuild the state."""
+    are BOOLEAN columns of ``df``, a row the filter drops and a row read only to rebuild the state; a warm-up row is
+    late only as its first writer judged it (``judged_late``, as ``deduplicate_within_window`` takes it)."""
     if not keys:
         raise ValueError("deduplicate_per_kafka_partition needs at least one key column")
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, PARTITION_DEDUP_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
-                        passthrough_col, partition_col, offset_col, late_col, state_root, filtered._jc, warmup._jc)
+                        passthrough_col, partition_col, offset_col, late_col, state_root, filtered._jc, warmup._jc,
+                        judged_late_text(judged_late or {}))
 
 
 def partition_dedup_counts(spark: Any, state_root: str) -> dict[str, int]:
@@ -179,10 +188,12 @@ def flag_late_before_join(
     partition_col: str | None = None,
     offset_col: str | None = None,
     warmup_col: str | None = None,
+    judged_late: JudgedLateRanges | None = None,
 ) -> DataFrame:
     """One join side with deduplication: late rows flagged in ``late_col`` instead of dropped by Spark,
     deduplicated as ``deduplicate_within_window`` does. Rows with ``passthrough_col`` true (dead rows)
-    pass untouched, neither late nor duplicates; rows with ``warmup_col`` true are never late.
+    pass untouched, neither late nor duplicates; rows with ``warmup_col`` true are late only as their first writer
+    judged them (``judged_late``).
 
     A row is late at or below the watermark, as the join counts it. ``event_time_col`` comes out as a
     copy without the watermark's mark, and no output column carries it: Spark drops no late row before
@@ -190,7 +201,8 @@ def flag_late_before_join(
     """
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, JVM_ENTRY, "flagLateBeforeJoin", list(keys), event_time_col, window_ms, flag_col,
-                        passthrough_col, partition_col, offset_col, late_col, warmup_col)
+                        passthrough_col, partition_col, offset_col, late_col, warmup_col,
+                        judged_late_text(judged_late or {}))
 
 
 def temporal_join(
@@ -208,6 +220,7 @@ def temporal_join(
     window_seconds: float,
     left_outer: bool,
     closed_left: Mapping[int, Sequence[tuple[int, int]]] | None = None,
+    judged_late: tuple[JudgedLateRanges, JudgedLateRanges] | None = None,
 ) -> DataFrame:
     """Temporal join of two sides unioned in ``df`` (``io.glasspipe.spark.TemporalJoin``): grouped by
     ``keys``, a left row (``side_col`` = JOIN_LEFT) and a right row (JOIN_RIGHT) match when their event
@@ -221,20 +234,28 @@ def temporal_join(
     carry its mark (Spark would drop late rows first); the result has ``df``'s columns and no
     watermark, so nothing stateful may follow. ``closed_left``: after a hand-over, per Kafka partition of the left
     side, (end offset, closed event time ms) of each earlier writer (``handover.closed_windows``): a warm-up left row
-    one of them read and whose window it closed is dropped, as that writer wrote it.
+    one of them read and whose window it closed is dropped, as that writer wrote it. ``judged_late``: the left and
+    the right side's ranges of warm-up rows earlier writers found late (``deduplicate_within_window``); such a row of a
+    side without deduplication is late again here.
     """
     window_ms = round(window_seconds * 1000)
     if window_ms < 0:
         raise ValueError(f"window_seconds must not be negative, got {window_seconds}")
     return _call_static(df, JOIN_ENTRY, "join", list(keys), side_col, event_time_col, late_col, warmup_col,
                         partition_col, offset_col, left_col, right_col, window_ms, left_outer,
-                        closed_windows_text(closed_left or {}))
+                        closed_windows_text(closed_left or {}), *(judged_late_text(j) for j in judged_late or ({}, {})))
 
 
 def closed_windows_text(closed: Mapping[int, Sequence[tuple[int, int]]]) -> str:
     """``closed_left`` as io.glasspipe.spark.ClosedWindows parses it: ``p:end@w,end@w;p:...``."""
     return ";".join(f"{p}:" + ",".join(f"{end}@{w}" for end, w in steps)
                     for p, steps in sorted(closed.items()) if steps)
+
+
+def judged_late_text(ranges: JudgedLateRanges) -> str:
+    """``judged_late`` as io.glasspipe.spark.JudgedLate parses it: ``p:lo-hi@m,lo-hi@m;p:...``."""
+    return ";".join(f"{p}:" + ",".join(f"{lo}-{hi}@{m}" for lo, hi, m in steps)
+                    for p, steps in sorted(ranges.items()) if steps)
 
 
 JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"

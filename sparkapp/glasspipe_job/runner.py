@@ -160,11 +160,25 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
                                              lookback))
     decision = ho.Handover(start.writer_id, start.resume, read_from, plan)
     closed = closed_left_windows(config, ledger, decision)
-    decision = replace(decision, closed=closed)
+    late = judged_late(config, ledger, rows, decision)
+    decision = replace(decision, closed=closed, late=late)
     files.write(ho.HANDOVER_FILE, decision.to_json())
-    log.info("new checkpoint %s as writer %s: resume %s, read from %s%s", config.checkpoint_dir, start.writer_id,
-             start.resume, read_from, f", left rows closed by earlier writers {closed}" if closed else "")
+    ranges = sum(len(r) for parts in late.values() for r in parts.values())
+    log.info("new checkpoint %s as writer %s: resume %s, read from %s%s%s", config.checkpoint_dir, start.writer_id,
+             start.resume, read_from, f", left rows closed by earlier writers {closed}" if closed else "",
+             f", {ranges} range(s) of records earlier writers found late in the warm-up" if ranges else "")
     return decision, fence
+
+
+def judged_late(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], decision: ho.Handover) -> ho.JudgedLate:
+    """A new writer: the ranges of warm-up rows its predecessors dead-lettered as late (handover.judged_late), recorded
+    with the hand-over so that replays judge the same rows. No ledger read without warm-up rows."""
+    warmup = {t: {p: decision.read_from[t][p] for p in parts} for t, parts in decision.warmup_partitions().items()
+              if parts}
+    if not warmup:
+        return {}
+    return ho.judged_late(ledger.late_ranges(config.writer_prefix, warmup), rows, decision.read_from,
+                          decision.resume)
 
 
 def closed_left_windows(config: JobConfig, ledger: Ledger, decision: ho.Handover) -> ho.ClosedWindows:
@@ -227,14 +241,16 @@ def output_stream(spark: SparkSession, config: JobConfig, assignments: list[Sour
     if config.spec.join is None:
         [a] = assignments
         return select_output(source_rows(parsed_stream(spark, config, a, decision), a.source,
-                                         state_root=partition_dedup_root(config, a.source)), config)
+                                         state_root=partition_dedup_root(config, a.source),
+                                         judged_late=decision.late.get(a.source.kafka.topic, {})), config)
     order = [s.name for s in join_sides(config)]
     assignments.sort(key=lambda a: order.index(a.source.name))
     parsed = {a.source.name: parsed_stream(spark, config, a, decision) for a in assignments}
     left_topic = config.spec.source(order[0]).kafka.topic
     return build_join_stream(config, parsed,
                              {a.source.name: len(a.group.partitions(a.source.kafka.topic)) for a in assignments},
-                             decision.closed.get(left_topic, {}))
+                             decision.closed.get(left_topic, {}),
+                             {a.source.name: decision.late.get(a.source.kafka.topic, {}) for a in assignments})
 
 
 def partition_dedup_root(config: JobConfig, source: models.Source) -> str:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -30,6 +30,9 @@ from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe_job.config import JobConfig
 
+if TYPE_CHECKING:
+    from glasspipe_job.jvm import JudgedLateRanges
+
 STATUS = "_gp_status"
 REASON = "_gp_reason"
 EVENT_TIME = "_gp_event_time"
@@ -37,6 +40,7 @@ KAFKA_TIMESTAMP = "_gp_kafka_timestamp"  # the record's Kafka timestamp: end-to-
 DUPLICATE = "_gp_duplicate"
 WARMUP = "_gp_warmup"
 LATE = "_gp_late"
+LATE_REASON_PREFIX = "late:"  # how the reason of a record dead-lettered as late starts (late_reason)
 DEAD = "_gp_dead"  # a dead row on its way to the dead-letter topic, through the stateful operators untouched
 CORRUPT = "_gp_corrupt"
 META_COLUMNS = ["_gp_topic", "_gp_partition", "_gp_offset", "_gp_value"]
@@ -246,13 +250,14 @@ def observe_counts(df: DataFrame, name: str) -> DataFrame:
 
 
 def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = False,
-                state_root: str | None = None) -> DataFrame:
+                state_root: str | None = None, judged_late: JudgedLateRanges | None = None) -> DataFrame:
     """Watermark on event time, then first-occurrence-wins dedup (dead rows pass through untouched).
 
     With ``dead_letter_late`` (nothing stateful follows: the single-topic path), late rows become dead
     rows with reason ``late`` instead of being dropped by Spark; nothing stateful may follow the result.
     A source deduplicated per Kafka partition keeps its state under ``state_root`` (single-topic path only), and
-    its watermark comes later, on the output (``watermark_after_output``).
+    its watermark comes later, on the output (``watermark_after_output``). ``judged_late``: after a hand-over, the
+    warm-up rows earlier writers found late (handover.judged_late), late again here.
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
     partitioned = per_kafka_partition(source)
@@ -276,13 +281,14 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
                                               flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE,
                                               partition_col="_gp_partition", offset_col="_gp_offset",
                                               state_root=state_root, filtered=F.col(STATUS) == "filtered",
-                                              warmup=F.col(WARMUP)).where(F.col(STATUS) != "filtered")
+                                              warmup=F.col(WARMUP), judged_late=judged_late,
+                                              ).where(F.col(STATUS) != "filtered")
     else:
         out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
                                         flag_col=DUPLICATE, passthrough_col=DEAD,
                                         partition_col="_gp_partition", offset_col="_gp_offset",
                                         late_col=LATE if dead_letter_late else None,
-                                        warmup_col=WARMUP if dead_letter_late else None)
+                                        warmup_col=WARMUP if dead_letter_late else None, judged_late=judged_late)
     if not dead_letter_late:
         return out
     return (out.withColumn(STATUS, F.when(F.col(LATE), F.lit("dead")).otherwise(F.col(STATUS)))
@@ -294,12 +300,13 @@ def late_reason(source: models.Source, joined: bool = False) -> Column:
     """The dead-letter reason of a late record (``late: …``)."""
     behind = ("the join's watermark (the older of both sources' newest event time minus its allowedLateness)"
               if joined else "the newest event time seen (the watermark)")
-    return F.concat(F.lit("late: event time "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
+    return F.concat(F.lit(f"{LATE_REASON_PREFIX} event time "), F.date_format(EVENT_TIME, "yyyy-MM-dd'T'HH:mm:ss.SSSX"),
                     F.lit(f" is more than eventTime.allowedLateness ({source.event_time.allowed_lateness}) "
                           f"behind {behind}"))
 
 
-def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -> DataFrame:
+def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str],
+               judged_late: JudgedLateRanges | None) -> DataFrame:
     """One join side's ok and dead rows behind the watermark, in the shape the join reads.
 
     Dead rows (``DEAD``) go through the join too, untouched, so each topic is read and parsed once per
@@ -308,7 +315,8 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -
     store): ``LATE`` is NULL and the join operator decides it against the same watermark. Either way no
     column leaves with the watermark's mark, so Spark drops no late row before the join: they go to the
     dead-letter topic instead, with the reason join.py writes. Dead rows have no event time, so they
-    never move the watermark.
+    never move the watermark. ``judged_late``: as ``deduplicate`` takes it (a side without deduplication hands it to
+    the join operator instead).
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
     df = with_dead_flag(df).withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
@@ -322,7 +330,7 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str]) -
     return flag_late_before_join(
         df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000,
         flag_col=DUPLICATE, late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition",
-        offset_col="_gp_offset", warmup_col=WARMUP)
+        offset_col="_gp_offset", warmup_col=WARMUP, judged_late=judged_late)
 
 
 def _without_watermark_mark(event_time: Column) -> Column:
@@ -336,20 +344,20 @@ def with_dead_flag(df: DataFrame) -> DataFrame:
 
 
 def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence[str] | None = None,
-                state_root: str | None = None) -> DataFrame:
+                state_root: str | None = None, judged_late: JudgedLateRanges | None = None) -> DataFrame:
     """One source's rows after ``parse_and_check``: counted (``observe``), filtered, deduplicated.
 
     Alone (single-topic path) dead rows pass through flagged and late rows become dead rows; ``state_root``:
     where deduplication per Kafka partition keeps its state. Before a join (``join_keys``: this side's join
     keys) dead rows come out flagged in ``DEAD`` and late rows in ``LATE`` with their reason, for the join
-    operator to pass through to the dead-letter topic.
+    operator to pass through to the dead-letter topic. ``judged_late``: as ``deduplicate`` takes it.
     """
     if join_keys is None and per_kafka_partition(source):  # its operator counts the rows (deduplicate)
-        return deduplicate(parsed, source, dead_letter_late=True, state_root=state_root)
+        return deduplicate(parsed, source, dead_letter_late=True, state_root=state_root, judged_late=judged_late)
     rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
     if join_keys is not None:
-        return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys)
-    return deduplicate(rows, source, dead_letter_late=True, state_root=state_root)
+        return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys, judged_late)
+    return deduplicate(rows, source, dead_letter_late=True, state_root=state_root, judged_late=judged_late)
 
 
 def watermark_after_output(collected: DataFrame, source: models.Source) -> DataFrame:

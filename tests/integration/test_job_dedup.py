@@ -428,3 +428,44 @@ def test_a_warm_up_read_over_many_batches_from_partitions_apart_in_event_time_ke
         f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0] == (800, 800, 0), two
     assert "duplicates dropped 750," in two and "rows written 0," in two, two
 
+
+
+@ENGINES
+def test_a_record_late_for_its_first_writer_stays_late_when_the_next_writer_reads_it_again(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+) -> None:
+    """A record the first writer found late went to the dead-letter topic and never entered its state, so that
+    writer would write the key's next on-time record. The next writer reads the record again as warm-up, below a
+    watermark of its own that has not risen yet: it must still count it late (the first writer's batch recorded its
+    late rows in the ledger), or the key's next record is dropped as a duplicate of a dead letter."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1, max_per_trigger=200, per_partition=per_partition)
+    produce(kafka.bootstrap, topic, [
+        *[sms(f"a-{i}", "first", T0 + timedelta(seconds=i)) for i in range(400)],  # two batches: watermark 339 s
+        sms("x", "late", T0 + timedelta(seconds=100)), sms("y", "late", T0 + timedelta(seconds=120)),  # the third
+    ])
+    one = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "rows written 400," in one and "dead-lettered 2 {" in one, one
+    ms = int((T0 + timedelta(seconds=120)).timestamp() * 1000)
+    [(key, late)] = clickhouse.client().execute(  # the third batch's late rows, stored with its done row
+        "SELECT writer, offsets FROM glasspipe_ledger WHERE state = 'late' AND writer LIKE %(w)s", {"w": f"%{topic}%"})
+    assert key.endswith(f".sms-{topic[4:]}.#late/{topic}/0"), key
+    assert {k: v for k, v in json.loads(late).items() if k != "writer"} == {
+        "batch": 2, "from": 400, "through": 401, "eventTimeMs": ms}
+    [record] = (tmp_path / "ckpt").glob("*/glasspipe-handover.json")
+    record.write_text("")  # the next run is a new writer: its warm-up reads all 402 records again
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = 1000  # in one batch, at watermark 0
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    produce(kafka.bootstrap, topic, [
+        sms("x", "repeat", T0 + timedelta(seconds=360)),  # within 5 m of x's dead letter, the first x on time
+        sms("y", "repeat", T0 + timedelta(seconds=380)),
+        sms("a-399", "repeat", T0 + timedelta(seconds=399, milliseconds=500)),  # a duplicate
+    ])
+    two = run(path, kafka, clickhouse, tmp_path / "ckpt")
+    assert "warm-up rows 402," in two, two
+    assert "rows written 2," in two and "duplicates dropped 1," in two and "dead-lettered 0 {" in two, two
+    assert clickhouse.client().execute(
+        f"SELECT sms_id, status FROM {table} WHERE sms_id IN ('x', 'y') ORDER BY sms_id") == [
+        ("x", "repeat"), ("y", "repeat")]
+    dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=2)
+    assert sorted(json.loads(m.value())["status"] for m in dead) == ["late", "late"]

@@ -465,6 +465,39 @@ def test_a_left_join_handed_over_to_a_new_writer_writes_each_order_once(
                         ("o-m", "u-m", "NL", "free"), ("o-new", "u-new", "FR", "free")], second
 
 
+def test_a_user_late_for_its_first_writer_does_not_take_an_open_orders_match_from_the_next_writer(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """u-x came late for the writer that read it first (below its watermark): a dead letter, so o-x, whose window
+    was still open, stays unmatched there and is written with NULLs when its window closes. A new writer that reads
+    both again as warm-up, at a watermark of its own that has not risen yet, must keep u-x late (the first writer's
+    batch recorded its late rows in the ledger): else u-x marks o-x matched, and o-x, which no writer has written
+    yet, is never written."""
+    j = Join(tmp_path, kafka, clickhouse, "orders-users-join.yaml", join_type="left", lateness="5m", partitions=1)
+    minutes = [timedelta(minutes=m) for m in range(400)]
+    j.produce(orders=[order("o-x", "u-x", T0 + minutes[200]), order("o-hi", "u-hi", T0 + minutes[230])],
+              users=[user("u-hi", "NL", T0 + minutes[230])])
+    first = j.run()  # watermark 03:45: o-x's window (to 04:20) stays open
+    assert j.rows() == [("o-hi", "u-hi", "NL", "free")], first
+    j.produce(users=[user("u-x", "SE", T0 + minutes[190])])  # within o-x's window, but below the watermark
+    second = j.run()  # the same writer: u-x is a dead letter
+    assert "dead-lettered 1 {" in second and "rows written 0," in second, second
+    [record] = list(j.ckpt.glob("**/glasspipe-handover.json"))
+    doc = json.loads(record.read_text())
+    doc["plan"] = "an earlier plan"  # the path a rescale takes too: set aside, new writer, warm-up
+    record.write_text(json.dumps(doc))
+    record.with_name(f".{record.name}.crc").unlink(missing_ok=True)
+    j.produce(orders=[order("o-new", "u-new", T0 + minutes[300])], users=[user("u-new", "FR", T0 + minutes[300])])
+    third = j.run()  # watermark 04:55: o-x's window closes, unmatched
+    [new_record] = [r for r in j.ckpt.glob("**/glasspipe-handover.json") if "superseded" not in str(r)]
+    late_ms = int((T0 + minutes[190]).timestamp() * 1000)
+    assert json.loads(new_record.read_text())["late"] == {j.users: {"0": [[1, 1, late_ms]]}}
+    assert "warm-up rows 4," in third and "rows written 2," in third and "dead-lettered 0 {" in third, third
+    assert j.rows() == [("o-hi", "u-hi", "NL", "free"), ("o-new", "u-new", "FR", "free"),
+                        ("o-x", "u-x", None, None)], third
+    assert [json.loads(m.value())["user_id"] for m in consume_all(kafka.bootstrap, j.dlq, expected=1)] == ["u-x"]
+
+
 @pytest.mark.parametrize("join_type", ["inner", "left"])
 def test_a_join_rescaled_1_2_1_writes_each_order_once(
     join_type: str, tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer

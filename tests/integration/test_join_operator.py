@@ -37,9 +37,11 @@ class JoinStream:
     """A JSON file source folder plus a checkpoint; runs an inner (or left) join of its left and right rows by ``k``."""
 
     def __init__(self, spark: Any, root: Path, left_outer: bool = False,
-                 closed_left: dict[int, list[tuple[int, int]]] | None = None) -> None:
+                 closed_left: dict[int, list[tuple[int, int]]] | None = None,
+                 judged_late: tuple[dict[int, list[tuple[int, int, int]]], dict[int, list[tuple[int, int, int]]]]
+                 | None = None) -> None:
         self.spark, self.src, self.ckpt = spark, root / "in", root / "ckpt"
-        self.left_outer, self.closed_left = left_outer, closed_left
+        self.left_outer, self.closed_left, self.judged_late = left_outer, closed_left, judged_late
         self.src.mkdir(parents=True)
         self.n = 0
         self.q: Any = None
@@ -60,7 +62,8 @@ class JoinStream:
             F.when(side == JOIN_RIGHT, F.struct("id")).alias("r"))
         out = temporal_join(rows, ["k"], side_col="side", event_time_col="et", late_col="late", warmup_col="warmup",
                             partition_col="p", offset_col="o", left_col="l", right_col="r",
-                            window_seconds=WINDOW_S, left_outer=self.left_outer, closed_left=self.closed_left)
+                            window_seconds=WINDOW_S, left_outer=self.left_outer, closed_left=self.closed_left,
+                            judged_late=self.judged_late)
         self.q = (out.writeStream.foreachBatch(self._collect).outputMode("append")
                   .option("checkpointLocation", str(self.ckpt)).start())
 
@@ -314,3 +317,26 @@ def test_a_warm_up_row_below_the_new_writers_watermark_is_kept_not_late(spark: A
     finally:
         s.stop()
 
+
+
+def test_a_warm_up_right_row_its_first_writer_found_late_does_not_match_an_open_left_row(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A right row that was late for the writer that read it first went to the dead-letter topic, and the left row it
+    would have matched stayed open there. A new writer that reads both again as warm-up must keep that right row late
+    (handover.judged_late: the batch that read offsets 10-12 dead-lettered rows up to 01:00): else it marks the left
+    row matched, and that row, which no writer has written yet, is never written. A warm-up row in the same range but
+    after 01:00 was on time there: it joins as before."""
+    up_to = int(datetime.fromisoformat(t("01:00")).timestamp() * 1000)
+    s = JoinStream(spark, tmp_path, left_outer=True, judged_late=({}, {0: [(10, 12, up_to)]}))
+    s.start()
+    try:
+        s.step_at([("a", L, t("01:30"), "la", True, 5), ("b", L, t("01:30"), "lb", True, 6),
+                   ("a", R, t("01:00"), "ra", True, 11),  # late for its first writer
+                   ("b", R, t("01:40"), "rb", True, 12)])  # on time for it
+        s.wait_rows([("a", "late warm-up", None, "ra"), ("b", "joined warm-up", "lb", "rb")])
+        s.step([("z", L, t("03:00"), "lz")])  # watermark 02:50: la's window (to 02:30) ends, unmatched
+        s.wait_rows([("a", "late warm-up", None, "ra"), ("b", "joined warm-up", "lb", "rb"),
+                     ("a", "side 0", "la", None)])
+    finally:
+        s.stop()

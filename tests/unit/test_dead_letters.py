@@ -38,3 +38,29 @@ def test_a_dead_letter_keeps_the_original_key_and_value() -> None:
     assert (first["key"], first["value"], second["key"]) == (b"k-1", b"{bad", None)
     assert dict(first["headers"])["glasspipe.source.offset"] == b"17"
     assert dict(first["headers"])["glasspipe.reason"] == b"malformed_json: not a JSON object"
+
+
+def test_a_batchs_late_dead_letters_are_noted_by_partition_for_its_ledger_row() -> None:
+    """Of a batch's dead rows, only those dead-lettered as late count, per (topic, partition) over all of its parts:
+    lowest and highest offset, latest event time in ms (floored, as the operators read event times)."""
+    from datetime import UTC, datetime
+
+    from glasspipe_job.batch_writer import _BatchCounts
+    from glasspipe_job.clickhouse.ledger import LateRange
+    from glasspipe_job.transform import EVENT_TIME, REASON
+
+    def dead(rows: list[tuple[int, int, str, datetime | None]]) -> pa.Table:
+        return pa.table({"_gp_topic": ["t"] * len(rows), "_gp_partition": [r[0] for r in rows],
+                         "_gp_offset": [r[1] for r in rows], REASON: [r[2] for r in rows],
+                         EVENT_TIME: pa.array([r[3] for r in rows], pa.timestamp("us", "UTC"))})
+
+    at = datetime(2026, 11, 1, 8, 0, 0, 1999, tzinfo=UTC)  # 1.999 ms past the second
+    ms = int(datetime(2026, 11, 1, 8, tzinfo=UTC).timestamp() * 1000) + 1
+    seen = _BatchCounts()
+    seen.add_late(dead([(0, 7, "late: event time ...", at), (0, 3, "malformed_json: x", None),
+                        (1, 40, "late: event time ...", datetime(2026, 11, 1, 7, tzinfo=UTC)),
+                        (0, 12, "schema_mismatch: y", at.replace(hour=9))]))
+    seen.add_late(dead([(0, 5, "late: event time ...", at.replace(minute=0, microsecond=0))]))
+    assert seen.late == {("t", 0): (5, 7, ms), ("t", 1): (40, 40, ms - 3_600_001)}
+    assert seen.late_ranges() == [LateRange("t", 0, 5, 7, ms), LateRange("t", 1, 40, 40, ms - 3_600_001)]
+    assert _BatchCounts().late_ranges() == []

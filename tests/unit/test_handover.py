@@ -8,11 +8,13 @@ import yaml
 
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe.api.validation import validate_resource
+from glasspipe_job.clickhouse.ledger import LateRange
 from glasspipe_job.handover import (
     Handover,
     abandoned_batches,
     closed_windows,
     is_superseded,
+    judged_late,
     ledger_progress,
     merge_offsets,
     new_start,
@@ -82,6 +84,9 @@ def test_handover_round_trips_and_names_warmup_partitions() -> None:
     left = Handover("ns.p.0of1-d", {"t": {0: 30}}, {"t": {0: 12}}, closed={"t": {0: [(20, 5000), (30, 7000)]}})
     assert Handover.from_json(left.to_json()) == left
     assert "closed" not in json.loads(joined.to_json())  # records without it read as before
+    late = Handover("ns.p.0of1-e", {"t": {0: 30}}, {"t": {0: 12}}, late={"t": {0: [(13, 15, 4000), (20, 20, 6000)]}})
+    assert Handover.from_json(late.to_json()) == late
+    assert "late" not in json.loads(joined.to_json())
 
 
 def test_a_record_written_before_plans_were_recorded_reads_as_plan_empty() -> None:
@@ -165,6 +170,19 @@ def test_closed_windows_lists_the_earlier_writers_that_read_past_the_warm_up_sta
     got = closed_windows(closes, "orders", read_from={0: 12, 1: 5, 2: 7}, resume={0: 30, 1: 25, 2: 7})
     assert got == {0: [(30, 9000)], 1: [(8, 5000), (25, 8000)]}
     assert closed_windows(closes, "users", read_from={0: 2}, resume={0: 9}) == {0: [(4, 5000), (9, 9000)]}
+
+
+def test_a_new_writer_takes_the_late_ranges_that_reach_its_warm_up_but_a_rolled_back_batchs() -> None:
+    """Which late ranges the ledger kept a new writer takes: those of partitions it warms up that reach into
+    [read_from, resume), but a batch's that was rolled back (a stale writer's commit after a successor's roll-back)."""
+    recorded = [LateRange("orders", 0, 3, 9, 5000, "w-a", 4), LateRange("orders", 0, 20, 25, 9000, "w-b", 2),
+                LateRange("orders", 0, 26, 28, 9500, "w-b", 3),  # rolled back
+                LateRange("orders", 1, 40, 52, 7000, "w-a", 4), LateRange("users", 0, 8, 8, 100, "w-a", 4)]
+    rows = [("w-b", 3, "rolledback", "[]"), ("w-b", 3, "done", "[]")]
+    got = judged_late(recorded, rows, read_from={"orders": {0: 5, 1: 60}, "users": {0: 2}},
+                      resume={"orders": {0: 30, 1: 70}, "users": {0: 2}})
+    # orders 0: [3, 9] reaches past 5 and [20, 25] lies inside; orders 1 ends before 60; users 0 has no warm-up rows
+    assert got == {"orders": {0: [(3, 9, 5000), (20, 25, 9000)]}}
 
 
 def test_the_offset_log_keeps_one_entry_per_source_in_order() -> None:

@@ -5,7 +5,8 @@ One row per (writer, batch, state) in ``glasspipe_ledger`` (DDL in table.py), wi
 end offsets. The protocol, read together with ``glasspipe_job.handover``:
 
 1. the sink announces a batch as ``pending`` (with its offsets) before it sends any chunk;
-2. it writes ``done`` once every chunk is stored: the batch is committed (its offsets count as progress);
+2. it writes ``done`` once every chunk is stored: the batch is committed (its offsets count as progress); the
+   same INSERT stores the ranges of the batch's late rows (LATE), which a successor's warm-up reads;
 3. a successor that takes over the partitions of a stopped writer (a rescale) finds batches that are
    ``pending`` but never ``done`` (``handover.abandoned_batches``), removes their chunks and writes
    ``rolledback``; then it resumes at the furthest ``done`` offsets (``handover.ledger_progress``).
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -45,10 +46,38 @@ WRITER_SUFFIX_PATTERN = "^[0-9]+(of[0-9]+-[0-9a-f]+)?$"
 # again, as {"writer": ..., "offsets": ...}. "#" never occurs in a writer id, so no writer owns this key and
 # WRITER_SUFFIX_PATTERN keeps its rows out of pipeline_rows (and out of the reads of earlier versions).
 CLAIMS_SUFFIX = "#claims"
+# A done batch's late rows (dead-lettered as late) in one Kafka partition, written in the block of its done row: under
+# the key "<writer prefix>#late/<topic>/<partition>" (kept out of pipeline_rows as the claims key is), with batch_id
+# the highest late offset, so that a successor reads the ranges that reach its warm-up by primary key (late_ranges);
+# offsets holds {"writer", "batch", "from", "through", "eventTimeMs"} (LateRange).
+LATE = "late"
 
 
 def claims_key(writer_prefix: str) -> str:
     return f"{writer_prefix}{CLAIMS_SUFFIX}"
+
+
+def late_key(writer_prefix: str, topic: str, partition: int) -> str:
+    return f"{writer_prefix}#{LATE}/{topic}/{partition}"
+
+
+def writer_prefix_of(writer_id: str) -> str:
+    """The pipeline's writer prefix ("<namespace>.<pipeline>.") of a writer id: WRITER_SUFFIX_PATTERN has no dot."""
+    return writer_id[:writer_id.rindex(".") + 1]
+
+
+class LateRange(NamedTuple):
+    """The late rows of one done batch in one Kafka partition: their lowest and highest offset and latest event time
+    (ms). Within the batch a row was late exactly when its event time was at most ``event_time_ms``
+    (io.glasspipe.spark.JudgedLate)."""
+
+    topic: str
+    partition: int
+    lowest: int
+    highest: int
+    event_time_ms: int
+    writer: str = ""
+    batch_id: int = -1
 
 
 def prefix_upper_bound(prefix: str) -> str:
@@ -158,18 +187,24 @@ class Ledger:
         return (int(rows[0][0]), int(rows[0][1])) if rows else None
 
     def insert(self, writer_id: str, batch_id: int, chunks: int, rows: int, offsets: str, state: str = DONE,
-               token: str | None = None, left_closed_ms: int = 0) -> None:
+               token: str | None = None, left_closed_ms: int = 0, late: Sequence[LateRange] = ()) -> None:
         """A ledger row of ``state`` (see the module docstring); ``token``: its deduplication token (token
         mechanism) when ``writer/batch/state`` does not identify it; ``left_closed_ms``: a left join's done batch's
-        closed event time (table.CLOSED_COLUMN; kept where the ledger has the column)."""
+        closed event time (table.CLOSED_COLUMN; kept where the ledger has the column); ``late``: its late rows, one row
+        each in the same block (LATE), so they are stored with the done row or not at all."""
         settings: dict[str, Any] = {}
         if self.table.mechanism is Mechanism.TOKEN:
             settings = {"insert_deduplicate": 1,
                         "insert_deduplication_token": token or f"{writer_id}/{batch_id}/ledger-{state}"}
-        names, values = "writer, batch_id, chunks, rows, offsets, state", [[writer_id], [batch_id], [chunks], [rows],
-                                                                          [offsets], [state]]
+        prefix = writer_prefix_of(writer_id) if late else ""
+        rows_of = [(writer_id, batch_id, chunks, rows, offsets, state, left_closed_ms)] + [
+            (late_key(prefix, r.topic, r.partition), r.highest, 0, 0,
+             json.dumps({"writer": writer_id, "batch": batch_id, "from": r.lowest, "through": r.highest,
+                         "eventTimeMs": r.event_time_ms}, sort_keys=True), LATE, 0) for r in late]
+        columns = [list(c) for c in zip(*rows_of, strict=True)]
+        names, values = "writer, batch_id, chunks, rows, offsets, state", columns[:6]
         if self.table.ledger_has_closed:
-            names, values = f"{names}, left_closed_ms", [*values, [left_closed_ms]]
+            names, values = f"{names}, left_closed_ms", columns
         self._client.execute(
             f"INSERT INTO {self.table.ledger_table} ({names}) VALUES",
             values,
@@ -279,6 +314,34 @@ class Ledger:
             return [WriterClose(str(w), str(o), int(wm)) for w, o, wm in rows]
 
         result: list[WriterClose] = self.table.retrying("reading how far the ledger's writers closed", q)
+        return result
+
+    def late_ranges(self, writer_prefix: str, warmup: Mapping[str, Mapping[int, int]]) -> list[LateRange]:
+        """The late ranges (LATE) of one pipeline's done batches that end at or past the warm-up's start in a
+        partition of ``warmup`` (its offset there), for handover.judged_late. One read by primary key."""
+        self.table.open()
+        keys = [(late_key(writer_prefix, t, p), off) for t, parts in sorted(warmup.items())
+                for p, off in sorted(parts.items())]
+        if not keys:
+            return []
+        args: dict[str, Any] = {"st": LATE}
+        for i, (key, off) in enumerate(keys):
+            args.update({f"k{i}": key, f"o{i}": off})
+        reach = " OR ".join(f"(writer = %(k{i})s AND batch_id >= %(o{i})s)" for i in range(len(keys)))
+
+        def q(_attempt: int) -> list[LateRange]:
+            rows = self._client.execute(
+                f"SELECT writer, offsets FROM {self.table.ledger_table} WHERE ({reach}) AND state = %(st)s", args)
+            out = []
+            head = len(late_key(writer_prefix, "", 0)) - 2  # "<prefix>#late/": the key's topic follows
+            for key, doc in rows:
+                topic, partition = str(key)[head:].rsplit("/", 1)
+                d = json.loads(doc)
+                out.append(LateRange(topic, int(partition), int(d["from"]), int(d["through"]), int(d["eventTimeMs"]),
+                                     str(d["writer"]), int(d["batch"])))
+            return out
+
+        result: list[LateRange] = self.table.retrying("reading the late rows of the ledger's batches", q)
         return result
 
     def pipeline_rows(self, writer_prefix: str, state: str | None = None) -> list[LedgerRow]:

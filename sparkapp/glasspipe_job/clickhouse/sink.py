@@ -20,7 +20,7 @@ import pyarrow as pa
 
 from glasspipe_job.clickhouse.connection import ClientLike, Connection
 from glasspipe_job.clickhouse.errors import SinkError
-from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, Ledger, Superseded
+from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, LateRange, Ledger, Superseded
 from glasspipe_job.clickhouse.mechanism import Mechanism
 from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
@@ -218,14 +218,16 @@ class ClickHouseSink:
         return self.write_parts(batch_id, [data], offsets, left_closed_ms)
 
     def write_parts(self, batch_id: int, parts: Iterable[Mapping[str, Sequence[Any]] | pa.Table],
-                    offsets: str, left_closed_ms: int = 0) -> WriteResult:
+                    offsets: str, left_closed_ms: int = 0,
+                    late: Callable[[], Sequence[LateRange]] | None = None) -> WriteResult:
         """``write_batch`` of a batch that arrives in parts (the job's path: one Spark partition at a time, so
         the driver never holds the whole batch). Each part is sorted and cut into chunks of at most
         ``max_rows`` rows on its own; a chunk is named by its rows' range in the batch ([lo, hi) after the
         rows of the parts before it). The parts of a replay must hold the same rows in the same part order
         (their order inside a part may differ): then every chunk is the same on every attempt. ``parts`` is
         consumed once, lazily, and not at all for a replay of a committed batch. ``left_closed_ms``: a left join's
-        batch's closed event time (table.CLOSED_COLUMN), recorded with its commit for a successor's hand-over."""
+        batch's closed event time (table.CLOSED_COLUMN), recorded with its commit for a successor's hand-over; and
+        so is ``late()``, the batch's late rows (ledger.LATE), called once every part was consumed."""
         with self._writing:  # from the ledger lookup on: the main loop's fence check shares the connection
             table = self.table.open()
             committed = table.retrying("looking up the ledger",
@@ -237,7 +239,7 @@ class ClickHouseSink:
             try:
                 if self.superseded is not None:
                     raise Superseded(self.superseded)
-                return self._write_new_batch(batch_id, parts, offsets, left_closed_ms)
+                return self._write_new_batch(batch_id, parts, offsets, left_closed_ms, late)
             except Superseded as e:
                 self._step_down(batch_id, e)
                 raise
@@ -300,7 +302,8 @@ class ClickHouseSink:
                 self.writer_id, batch_id, 0, 0, "[]", state=ROLLED_BACK))
 
     def _write_new_batch(self, batch_id: int, parts: Iterable[Mapping[str, Sequence[Any]] | pa.Table],
-                         offsets: str, left_closed_ms: int) -> WriteResult:
+                         offsets: str, left_closed_ms: int,
+                         late: Callable[[], Sequence[LateRange]] | None) -> WriteResult:
         table = self.table
         if self.fence is not None:
             self.fence.check()  # before anything of the batch is written
@@ -338,13 +341,15 @@ class ClickHouseSink:
         if any(m not in expected for m in present):  # chunks past the batch's end (another split)
             present = self._clear_stale(batch_id, lambda m, _cnt: m not in expected,
                                         f"deleting stale chunks of batch {batch_id} of {self.writer_id}")
+        late_rows = late() if late is not None else ()
 
         def commit(k_attempt: int) -> None:
             if k_attempt > 0 and self.ledger.done_entry(self.writer_id, batch_id) is not None:
                 return  # the ledger insert of a previous attempt landed; only its answer was lost
             if self.fence is not None:
                 self.fence.check()  # just before the commit: a newer writer may have taken over meanwhile
-            self.ledger.insert(self.writer_id, batch_id, stats["chunks"], base, offsets, left_closed_ms=left_closed_ms)
+            self.ledger.insert(self.writer_id, batch_id, stats["chunks"], base, offsets, left_closed_ms=left_closed_ms,
+                               late=late_rows)
 
         table.retrying(f"committing batch {batch_id} to {table.full_table}", commit)
         self._fresh = False

@@ -56,11 +56,12 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
 
   public BucketDedupProcessor(int[] keyIndexes, StructType keySchema, int eventTimeIndex, long windowMs,
       boolean emitDropped, int passthroughIndex, int partitionIndex, int offsetIndex,
-      LongAccumulator keysInTwoPartitions, boolean flagLate, boolean lateAtWatermark, int warmupIndex) {
+      LongAccumulator keysInTwoPartitions, boolean flagLate, boolean lateAtWatermark, int warmupIndex,
+      JudgedLate judgedLate) {
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
     this.rule = new FirstOccurrence(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex,
-        offsetIndex, keysInTwoPartitions, flagLate, lateAtWatermark, warmupIndex);
+        offsetIndex, keysInTwoPartitions, flagLate, lateAtWatermark, warmupIndex, judgedLate);
     this.gridMs = KeyBuckets.gridMs(windowMs, GRID_PARTS);
   }
 

@@ -26,9 +26,10 @@ import scala.Tuple2;
  * <p>Late rows: with late flags the caller has kept Spark from dropping rows below the watermark ({@link
  * WindowDedup}); they are emitted with the late flag set, without reading or changing any state, so that they
  * reach the dead-letter topic. Before a join a row is late at the watermark too, as the join operator counts it
- * ({@code t <= watermark}). A warm-up row (read again after a hand-over to rebuild the state) is never late: the
- * writer that read it first judged it, and the new writer's own watermark, which rises with the partition furthest
- * ahead while the warm-up is read over many micro-batches, says nothing about it.
+ * ({@code t <= watermark}). A warm-up row (read again after a hand-over to rebuild the state) is late exactly when
+ * the writer that read it first found it late ({@link JudgedLate}): that writer dead-lettered it, so it must not
+ * seed its key's state now. The new writer's own watermark, which rises with the partition furthest ahead while the
+ * warm-up is read over many micro-batches, says nothing about it.
  *
  * <p>Within one micro-batch the rows of a key are taken in event-time order (ties by partition and offset), so a
  * replayed micro-batch with the same rows gives the same result.
@@ -50,15 +51,17 @@ public final class FirstOccurrence implements Serializable {
   private final boolean withLate;
   private final boolean lateAtWatermark;
   private final int warmupIndex;
+  private final JudgedLate judgedLate;
 
   /**
    * @param withLate the output rows carry a late flag after the duplicate flag
    * @param lateAtWatermark a row at the watermark is late too (before a join, which counts it so)
-   * @param warmupIndex the BOOLEAN warm-up column (-1: none); a warm-up row is never late
+   * @param warmupIndex the BOOLEAN warm-up column (-1: none); a warm-up row is late as its first writer judged it
+   * @param judgedLate the warm-up rows the writers before the hand-over found late
    */
   FirstOccurrence(int eventTimeIndex, long windowMs, boolean emitDropped, int passthroughIndex, int partitionIndex,
       int offsetIndex, LongAccumulator keysInTwoPartitions, boolean withLate, boolean lateAtWatermark,
-      int warmupIndex) {
+      int warmupIndex, JudgedLate judgedLate) {
     this.eventTimeIndex = eventTimeIndex;
     this.windowMs = windowMs;
     this.emitDropped = emitDropped;
@@ -69,6 +72,7 @@ public final class FirstOccurrence implements Serializable {
     this.withLate = withLate;
     this.lateAtWatermark = lateAtWatermark;
     this.warmupIndex = warmupIndex;
+    this.judgedLate = judgedLate;
   }
 
   /**
@@ -118,12 +122,18 @@ public final class FirstOccurrence implements Serializable {
   /**
    * With late flags, a row below the watermark (or at it, before a join): Spark would have dropped it had the
    * caller not kept it from doing so ({@link WindowDedup}), so it goes to the dead-letter topic. Without late
-   * flags, Spark has already dropped such rows. A warm-up row is never late (see the class comment).
+   * flags, Spark has already dropped such rows. A warm-up row is late as its first writer judged it (see the class
+   * comment).
    */
   boolean isLate(Row row, long watermarkMs) {
     long t = eventMs(row);
-    return withLate && t != Long.MIN_VALUE && (lateAtWatermark ? t <= watermarkMs : t < watermarkMs)
-        && !isWarmup(row);
+    if (!withLate || t == Long.MIN_VALUE) {
+      return false;
+    }
+    if (isWarmup(row)) {
+      return judgedLate.wasLate(partitionOf(row), offsetOf(row), t);
+    }
+    return lateAtWatermark ? t <= watermarkMs : t < watermarkMs;
   }
 
   private boolean isWarmup(Row row) {

@@ -25,7 +25,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>A kept row may go once the watermark {@code W} reaches {@code t + window}: a row arriving later that is not
  * late has {@code t' > W >= t + window}, so it cannot match (rows with {@code t' <= W} are late: flagged by a side's
  * dedup operator, or, where the late flag is NULL, here, against the same watermark). Late rows pass through without
- * touching state. Warm-up rows are never late (see {@link #isWarmup}).
+ * touching state. A warm-up row is late only as the writer that read it first judged it (see {@link #isLate}).
  *
  * <p>Output rows have the input's columns: a joined row has side {@link #JOINED}, both structs, the later of the
  * two event times, the warm-up flag set only if both rows are warm-up rows, the late flag false; an unmatched left
@@ -63,6 +63,7 @@ final class JoinPairing implements Serializable {
   private final long windowMicros;
   private final boolean leftOuter;
   private final ClosedWindows closedLeft;
+  private final JudgedLate[] judgedLate; // by side
 
   /** A kept row of one side, decoded. */
   static final class Entry {
@@ -111,7 +112,7 @@ final class JoinPairing implements Serializable {
 
   JoinPairing(int[] keyIndexes, int sideIndex, int eventTimeIndex, int lateIndex, int warmupIndex, int partitionIndex,
       int offsetIndex, int leftIndex, int rightIndex, int width, long windowMicros, boolean leftOuter,
-      ClosedWindows closedLeft) {
+      ClosedWindows closedLeft, JudgedLate judgedLeft, JudgedLate judgedRight) {
     this.keyIndexes = keyIndexes.clone();
     this.sideIndex = sideIndex;
     this.eventTimeIndex = eventTimeIndex;
@@ -125,6 +126,7 @@ final class JoinPairing implements Serializable {
     this.windowMicros = windowMicros;
     this.leftOuter = leftOuter;
     this.closedLeft = closedLeft;
+    this.judgedLate = new JudgedLate[] {judgedLeft, judgedRight};
   }
 
   static long micros(Object v) {
@@ -227,11 +229,6 @@ final class JoinPairing implements Serializable {
     (side == LEFT ? fresh.left : fresh.right).add(e);
   }
 
-  /**
-   * A warm-up row is never late: the writer that read it first judged it (and dead-lettered it if late), and the
-   * new writer's own watermark, which rises with the partition furthest ahead while the warm-up is read over many
-   * micro-batches, says nothing about it. (A side's dedup operator does not flag warm-up rows late either.)
-   */
   private boolean isWarmup(Row row) {
     return !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex);
   }
@@ -245,11 +242,23 @@ final class JoinPairing implements Serializable {
   /**
    * A row whose late flag is NULL (a side without deduplication, so no operator of its own) is late at
    * or below the watermark, as the sides' dedup operators count it ({@code WindowDedup}): the same
-   * watermark then decides lateness and eviction, which is what makes eviction exact. Never a warm-up row.
+   * watermark then decides lateness and eviction, which is what makes eviction exact.
+   *
+   * <p>A warm-up row is late exactly when the writer that read it first found it late ({@link JudgedLate}; it is in
+   * the dead-letter topic): a right row that was late then must not mark an open left row matched now. The new
+   * writer's own watermark, which rises with the partition furthest ahead while the warm-up is read over many
+   * micro-batches, says nothing about it. (A side's dedup operator judges its warm-up rows the same way.)
    */
   private boolean isLate(Row row, long watermarkMs) {
-    return !isWarmup(row) && !row.isNullAt(eventTimeIndex)
-        && Math.floorDiv(micros(row.get(eventTimeIndex)), 1000L) <= watermarkMs;
+    if (row.isNullAt(eventTimeIndex)) {
+      return false;
+    }
+    long t = Math.floorDiv(micros(row.get(eventTimeIndex)), 1000L);
+    if (isWarmup(row)) {
+      Entry e = entryOf(row, row.getInt(sideIndex));
+      return judgedLate[row.getInt(sideIndex)].wasLate(e.partition, e.offset, t);
+    }
+    return t <= watermarkMs;
   }
 
   /** The row with its late flag set (its event time kept, for the dead letter's reason). */

@@ -68,8 +68,9 @@ import scala.jdk.javaapi.CollectionConverters;
  * overlaps. Once the batch's watermark is a
  * window past a segment's end, no row that is not late can fall within a window of its rows: it goes in one range
  * deletion. Rows are taken in offset order (the first to arrive wins); a late row (event time below the batch's
- * watermark, which the driver hands the tasks as the local property {@link #WATERMARK_PROPERTY}) is flagged late
- * without touching the state; rows with the pass-through column true (dead letters) pass untouched.
+ * watermark, which the driver hands the tasks as the local property {@link #WATERMARK_PROPERTY}; a warm-up row: as its
+ * first writer judged it, {@link JudgedLate}) is flagged late without touching the state; rows with the pass-through
+ * column true (dead letters) pass untouched.
  *
  * <p>It also counts what was read ({@link #rowCounts}): the job's plan has no {@code observe} of its own for such a
  * source, nor a watermark before this operator (the driver puts it after the output columns), so that Kafka record,
@@ -121,12 +122,13 @@ public final class PartitionDedup {
    *
    * @param stateRoot where the stores keep their checkpoints (a folder of the query's checkpoint)
    * @param filtered true for a row the source's filter drops (it has no event time), counted only
-   * @param warmup true for a row read again to rebuild the state (counted apart)
+   * @param warmup true for a row read again to rebuild the state (counted apart); such a row is late only as the
+   *     writer that read it first judged it ({@code judgedLate}, {@link JudgedLate})
    */
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol, String stateRoot,
-      Column filtered, Column warmup) {
+      Column filtered, Column warmup, String judgedLate) {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
@@ -155,7 +157,8 @@ public final class PartitionDedup {
     RowCounts counts = new RowCounts(sc.longAccumulator("glasspipe records in"), sc.longAccumulator("glasspipe dead"),
         sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"));
     COUNTS.put(stateRoot, counts);
-    Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs, counts));
+    Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs, counts,
+        JudgedLate.parse(judgedLate)));
     Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
         .toArray(Column[]::new));
     Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
@@ -174,7 +177,7 @@ public final class PartitionDedup {
 
   /** What every task needs: fixed when the query's plan is made. */
   record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, Broadcast<SerializableConfiguration> hadoopConf,
-      long windowMs, RowCounts counts) implements Serializable {
+      long windowMs, RowCounts counts, JudgedLate judgedLate) implements Serializable {
     Configuration hadoop() {
       return hadoopConf.value().value();
     }
@@ -224,7 +227,7 @@ public final class PartitionDedup {
         started = true;
       }
       long t = Math.floorDiv(micros, 1000L);
-      if (t < watermark) {
+      if (warmup ? plan.judgedLate().wasLate(partition, offset, t) : t < watermark) {
         return LATE;
       }
       if (state == null) {

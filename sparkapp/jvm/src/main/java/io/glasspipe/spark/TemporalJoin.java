@@ -86,6 +86,8 @@ public final class TemporalJoin {
    * @param leftOuter emit a left row that matched nothing, right side NULL, when its window closes
    * @param closedLeft after a hand-over, how far the earlier writers closed the left side's windows per Kafka
    *     partition ({@link ClosedWindows}; empty: none): a warm-up left row they closed is dropped
+   * @param judgedLeft after a hand-over, the warm-up rows of the left side the earlier writers found late ({@link
+   *     JudgedLate}; empty: none), {@code judgedRight} the right side's: such a row is late again
    * @return rows with the columns of {@code df}: joined rows (side {@link #JOINED}),
    *     unmatched left rows (left join) and late rows; the result carries no watermark, so nothing
    *     stateful may follow
@@ -93,7 +95,7 @@ public final class TemporalJoin {
   public static Dataset<Row> join(
       Dataset<Row> df, List<String> keys, String sideCol, String eventTimeCol, String lateCol, String warmupCol,
       String partitionCol, String offsetCol, String leftCol, String rightCol, long windowMs, boolean leftOuter,
-      String closedLeft) {
+      String closedLeft, String judgedLeft, String judgedRight) {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("a join needs at least one key column");
     }
@@ -128,7 +130,8 @@ public final class TemporalJoin {
         index(schema, warmupCol, DataTypes.BooleanType),
         partitionCol == null ? -1 : index(schema, partitionCol, DataTypes.IntegerType),
         offsetCol == null ? -1 : index(schema, offsetCol, DataTypes.LongType),
-        leftIndex, rightIndex, schema.size(), windowMs * 1000L, leftOuter, ClosedWindows.parse(closedLeft));
+        leftIndex, rightIndex, schema.size(), windowMs * 1000L, leftOuter, ClosedWindows.parse(closedLeft),
+        JudgedLate.parse(judgedLeft), JudgedLate.parse(judgedRight));
     // every output column nullable: joined rows have no Kafka coordinates, unmatched rows no right side
     StructType out = new StructType();
     for (StructField f : schema.fields()) {

@@ -62,7 +62,7 @@ public final class WindowDedup {
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol) {
     return deduplicate(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, null,
-        null);
+        null, "");
   }
 
   /**
@@ -73,13 +73,15 @@ public final class WindowDedup {
    * itself is already tracked upstream) and {@code transformWithState} runs in event-time mode with no
    * marked column in or out; event-time mode passes the input's watermark on to an operator after it.
    * With {@code warmupCol} non-null, a BOOLEAN column: a row with it true (read again after a hand-over to rebuild
-   * the state) is never late, so it enters the state whatever the new writer's watermark ({@link FirstOccurrence}).
+   * the state) is late only as the writer that read it first judged it ({@code judgedLate}, {@link JudgedLate}), so
+   * it enters the state whatever the new writer's watermark ({@link FirstOccurrence}).
    */
   public static Dataset<Row> deduplicate(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String warmupCol) {
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String warmupCol,
+      String judgedLate) {
     return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, false,
-        warmupCol);
+        warmupCol, JudgedLate.parse(judgedLate));
   }
 
   /**
@@ -88,22 +90,24 @@ public final class WindowDedup {
    * {@code passthroughCol} true (dead rows) pass untouched. A row is late at or below the watermark
    * ({@code t <= watermark}, as the join counts it). No output column carries the watermark's mark, so
    * Spark drops no late row before the join either. (A side without deduplication needs no operator:
-   * the join flags its late rows.) A row with {@code warmupCol} true is never late ({@link FirstOccurrence}).
+   * the join flags its late rows.) A row with {@code warmupCol} true is late only as its first writer judged it
+   * ({@code judgedLate}, {@link FirstOccurrence}).
    */
   public static Dataset<Row> flagLateBeforeJoin(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
-      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String warmupCol) {
+      String passthroughCol, String partitionCol, String offsetCol, String lateCol, String warmupCol,
+      String judgedLate) {
     if (lateCol == null) {
       throw new IllegalArgumentException("flagLateBeforeJoin needs lateCol");
     }
     return build(df, keys, eventTimeCol, windowMs, flagCol, passthroughCol, partitionCol, offsetCol, lateCol, true,
-        warmupCol);
+        warmupCol, JudgedLate.parse(judgedLate));
   }
 
   private static Dataset<Row> build(
       Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol, boolean beforeJoin,
-      String warmupCol) {
+      String warmupCol, JudgedLate judgedLate) {
     if (lateCol != null) {
       if (flagCol == null) {
         throw new IllegalArgumentException("lateCol needs flagCol");
@@ -160,7 +164,7 @@ public final class WindowDedup {
     }
     BucketDedupProcessor processor = new BucketDedupProcessor(keyIndexes, keySchema, etIndex, windowMs,
         flagCol != null, passthroughIndex, partitionIndex, offsetIndex, keysInTwoPartitions, lateCol != null,
-        beforeJoin, warmupIndex);
+        beforeJoin, warmupIndex, judgedLate);
     KeyValueGroupedDataset<Row, Row> grouped = KeyBuckets.groupByBucket(df, keyCols, BUCKET_COLUMN);
     if (lateCol != null) {
       // No output column carries the watermark's mark: the watermark still reaches a join after this
