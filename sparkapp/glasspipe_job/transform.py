@@ -281,8 +281,8 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
                                               flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE,
                                               partition_col="_gp_partition", offset_col="_gp_offset",
                                               state_root=state_root, filtered=F.col(STATUS) == "filtered",
-                                              warmup=F.col(WARMUP), judged_late=judged_late,
-                                              ).where(F.col(STATUS) != "filtered")
+                                              warmup=F.col(WARMUP), judged_late=judged_late)
+        out = out.where(F.col(STATUS) != "filtered")
     else:
         out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
                                         flag_col=DUPLICATE, passthrough_col=DEAD,

@@ -255,8 +255,7 @@ final class JoinPairing implements Serializable {
     }
     long t = Math.floorDiv(micros(row.get(eventTimeIndex)), 1000L);
     if (isWarmup(row)) {
-      Entry e = entryOf(row, row.getInt(sideIndex));
-      return judgedLate[row.getInt(sideIndex)].wasLate(e.partition, e.offset, t);
+      return judgedLate[row.getInt(sideIndex)].wasLate(partitionOf(row), offsetOf(row), t);
     }
     return t <= watermarkMs;
   }
@@ -272,10 +271,17 @@ final class JoinPairing implements Serializable {
   }
 
   private Entry entryOf(Row row, int side) {
-    int p = partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
-    long o = offsetIndex >= 0 && !row.isNullAt(offsetIndex) ? row.getLong(offsetIndex) : -1L;
     boolean w = !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex);
-    return new Entry(row.get(eventTimeIndex), p, o, w, false, row.get(side == LEFT ? leftIndex : rightIndex));
+    return new Entry(row.get(eventTimeIndex), partitionOf(row), offsetOf(row), w, false,
+        row.get(side == LEFT ? leftIndex : rightIndex));
+  }
+
+  private int partitionOf(Row row) {
+    return partitionIndex >= 0 && !row.isNullAt(partitionIndex) ? row.getInt(partitionIndex) : -1;
+  }
+
+  private long offsetOf(Row row) {
+    return offsetIndex >= 0 && !row.isNullAt(offsetIndex) ? row.getLong(offsetIndex) : -1L;
   }
 
   /**
