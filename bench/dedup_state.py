@@ -8,6 +8,11 @@ micro-batch overhead, with no Kafka or ClickHouse.
 
     python bench/dedup_state.py --impl jvm --sizes 0,1000000,10000000
     python bench/dedup_state.py --impl dropdup --sizes 0,1000000
+    python bench/dedup_state.py --impl jvm --sizes 0,1000000 --judged-late-ranges 115000
+
+``--judged-late-ranges N`` hands the operator N late ranges of a hand-over (handover.judged_late), two Kafka
+partitions' worth, as a new writer carries them for its whole life: what they cost each batch. No row here is a
+warm-up row, so none is judged by them.
 
 Keys are strings ``key-<n>``; event time is base + n microseconds (all keys stay inside the window
 and above the watermark, so nothing is evicted: the state only grows). Each small batch has half
@@ -85,7 +90,7 @@ class Feeder:
         self.n += 1
 
 
-def build_query(spark: SparkSession, impl: str, root: Path) -> Any:
+def build_query(spark: SparkSession, impl: str, root: Path, judged_ranges: int = 0) -> Any:
     src: DataFrame = (
         spark.readStream.schema("k string, ts timestamp, payload string")
         .option("maxFilesPerTrigger", 1)
@@ -93,7 +98,8 @@ def build_query(spark: SparkSession, impl: str, root: Path) -> Any:
         .withWatermark("ts", LATENESS)
     )
     if impl == "jvm":
-        out = deduplicate_within_window(src, ["k"], "ts", WINDOW_S)
+        judged = {p: [(i * 20, i * 20 + 9, 0) for i in range(judged_ranges // 2)] for p in (0, 1)}
+        out = deduplicate_within_window(src, ["k"], "ts", WINDOW_S, judged_late=judged if judged_ranges else None)
     else:
         out = src.dropDuplicatesWithinWatermark(["k"])
     return (
@@ -133,6 +139,8 @@ def main() -> None:
     ap.add_argument("--small", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--conf", action="append", default=[], help="extra Spark conf key=value")
+    ap.add_argument("--judged-late-ranges", type=int, default=0,
+                    help="late ranges of a hand-over the operator carries (jvm only; see the module docstring)")
     args = ap.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
 
@@ -140,7 +148,8 @@ def main() -> None:
     t0 = time.monotonic()
     spark = session(args.partitions, with_jar=args.impl == "jvm", confs=args.conf)
     start_s = time.monotonic() - t0
-    print(f"impl={args.impl} partitions={args.partitions} confs={args.conf} session start {start_s:.1f} s")
+    print(f"impl={args.impl} partitions={args.partitions} confs={args.conf} judged late ranges "
+          f"{args.judged_late_ranges} session start {start_s:.1f} s")
     feeder = Feeder(spark, root)
     q = None
     live = 0  # keys 0..live-1 are in state
@@ -150,7 +159,7 @@ def main() -> None:
         # Warm-up batch so the first measured batch does not pay for query start-up.
         feeder.put(f"SELECT id + {fresh} AS id FROM range(10)")
         fresh += 10
-        q = build_query(spark, args.impl, root)
+        q = build_query(spark, args.impl, root, args.judged_late_ranges)
         q.processAllAvailable()
         for size in sizes:
             while live < size:
