@@ -246,16 +246,21 @@ def temporal_join(
                         closed_windows_text(closed_left or {}), *(judged_late_text(j) for j in judged_late or ({}, {})))
 
 
+def partition_rows_text(rows: Mapping[int, Sequence[tuple[int, ...]]]) -> str:
+    """Numbers per Kafka partition as io.glasspipe.spark.PartitionRows parses them: ``p:a@b,a@b;p:...``; a partition
+    without rows is left out."""
+    return ";".join(f"{p}:" + ",".join("@".join(map(str, row)) for row in steps)
+                    for p, steps in sorted(rows.items()) if steps)
+
+
 def closed_windows_text(closed: Mapping[int, Sequence[tuple[int, int]]]) -> str:
     """``closed_left`` as io.glasspipe.spark.ClosedWindows parses it: ``p:end@w,end@w;p:...``."""
-    return ";".join(f"{p}:" + ",".join(f"{end}@{w}" for end, w in steps)
-                    for p, steps in sorted(closed.items()) if steps)
+    return partition_rows_text(closed)
 
 
 def judged_late_text(ranges: JudgedLateRanges) -> str:
-    """``judged_late`` as io.glasspipe.spark.JudgedLate parses it: ``p:lo-hi@m,lo-hi@m;p:...``."""
-    return ";".join(f"{p}:" + ",".join(f"{lo}-{hi}@{m}" for lo, hi, m in steps)
-                    for p, steps in sorted(ranges.items()) if steps)
+    """``judged_late`` as io.glasspipe.spark.JudgedLate parses it: ``p:lo@hi@m,lo@hi@m;p:...``."""
+    return partition_rows_text(ranges)
 
 
 JOIN_ENTRY = "io.glasspipe.spark.TemporalJoin"

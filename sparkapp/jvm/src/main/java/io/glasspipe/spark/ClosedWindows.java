@@ -1,7 +1,6 @@
 package io.glasspipe.spark;
 
 import java.io.Serializable;
-import java.util.Arrays;
 import java.util.HashMap;
 import java.util.Map;
 
@@ -12,7 +11,8 @@ import java.util.Map;
  * {@code o} was read by the writers whose end offset is above {@code o}; if one of them closed event times up to
  * {@code F >= t}, it wrote the row (matched or with NULLs) and the new writer must not emit it again.
  *
- * <p>Given as text, {@code "p:end@f,end@f;p:end@f"} (empty: no hand-over, or a ledger that does not record it).
+ * <p>Given as text, {@code "p:end@f,end@f;p:end@f"} ({@link PartitionRows}; empty: no hand-over, or a ledger that does
+ * not record it).
  */
 final class ClosedWindows implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -28,25 +28,7 @@ final class ClosedWindows implements Serializable {
 
   static ClosedWindows parse(String spec) {
     ClosedWindows out = new ClosedWindows();
-    if (spec == null || spec.isEmpty()) {
-      return out;
-    }
-    for (String part : spec.split(";")) {
-      int colon = part.indexOf(':');
-      if (colon < 0) {
-        throw new IllegalArgumentException("closed windows: expected partition:end@closed,..., got " + part);
-      }
-      int partition = Integer.parseInt(part.substring(0, colon));
-      String[] steps = part.substring(colon + 1).split(",");
-      long[][] pairs = new long[steps.length][];
-      for (int i = 0; i < steps.length; i++) {
-        String[] ew = steps[i].split("@");
-        if (ew.length != 2) {
-          throw new IllegalArgumentException("closed windows: expected end@closed, got " + steps[i]);
-        }
-        pairs[i] = new long[] {Long.parseLong(ew[0]), Long.parseLong(ew[1])};
-      }
-      Arrays.sort(pairs, (a, b) -> Long.compare(a[0], b[0]));
+    PartitionRows.parse(spec, 2, "closed windows").forEach((partition, pairs) -> {
       long[] e = new long[pairs.length];
       long[] f = new long[pairs.length];
       long max = NONE;
@@ -57,7 +39,7 @@ final class ClosedWindows implements Serializable {
       }
       out.ends.put(partition, e);
       out.closed.put(partition, f);
-    }
+    });
     return out;
   }
 

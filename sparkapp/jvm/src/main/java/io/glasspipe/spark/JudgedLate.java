@@ -14,8 +14,8 @@ import java.util.Map;
  * {@code t <= m}, whatever rule and watermark that writer applied. The new writer treats it the same way: late, kept
  * out of the state (it is in the dead-letter topic already), where its own watermark would have let it seed a key.
  *
- * <p>Given as text, {@code "p:lo-hi@m,lo-hi@m;p:..."} (empty: no hand-over, or nothing late before it). The ranges of
- * a partition never overlap: each offset is read fresh by one committed batch.
+ * <p>Given as text, {@code "p:lo@hi@m,lo@hi@m;p:..."} ({@link PartitionRows}; empty: no hand-over, or nothing late
+ * before it). The ranges of a partition never overlap: each offset is read fresh by one committed batch.
  */
 final class JudgedLate implements Serializable {
   private static final long serialVersionUID = 1L;
@@ -27,27 +27,7 @@ final class JudgedLate implements Serializable {
 
   static JudgedLate parse(String spec) {
     JudgedLate out = new JudgedLate();
-    if (spec == null || spec.isEmpty()) {
-      return out;
-    }
-    for (String part : spec.split(";")) {
-      int colon = part.indexOf(':');
-      if (colon < 0) {
-        throw new IllegalArgumentException("judged late: expected partition:lo-hi@m,..., got " + part);
-      }
-      int partition = Integer.parseInt(part.substring(0, colon));
-      String[] steps = part.substring(colon + 1).split(",");
-      long[][] rows = new long[steps.length][];
-      for (int i = 0; i < steps.length; i++) {
-        int dash = steps[i].indexOf('-');
-        int at = steps[i].indexOf('@');
-        if (dash < 0 || at < dash) {
-          throw new IllegalArgumentException("judged late: expected lo-hi@m, got " + steps[i]);
-        }
-        rows[i] = new long[] {Long.parseLong(steps[i].substring(0, dash)),
-            Long.parseLong(steps[i].substring(dash + 1, at)), Long.parseLong(steps[i].substring(at + 1))};
-      }
-      Arrays.sort(rows, (a, b) -> Long.compare(a[0], b[0]));
+    PartitionRows.parse(spec, 3, "judged late").forEach((partition, rows) -> {
       long[][] columns = new long[3][rows.length];
       for (int i = 0; i < rows.length; i++) {
         for (int c = 0; c < 3; c++) {
@@ -55,7 +35,7 @@ final class JudgedLate implements Serializable {
         }
       }
       out.ranges.put(partition, columns);
-    }
+    });
     return out;
   }
 
