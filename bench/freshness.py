@@ -60,7 +60,7 @@ POLL_S = 0.05  # until 2026-11-25 evening 0.1: every latency read 0-100 ms long 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,
                   window: str | None, max_offsets: int | None = None, dedup: bool = True,
-                  per_kafka_partition: bool = False) -> Path:
+                  per_kafka_partition: bool = False, own_state: bool = False) -> Path:
     # sent_at in epoch milliseconds too: its DateTime column (a timestamp field's default; ClickHouse 18.16
     # has no DateTime64) holds whole seconds, which made every latency read up to a second long
     return sms_dedup_pipeline(tmp, table.replace("_", "-"), topic, max_rows=max_rows, max_delay=trigger,
@@ -70,7 +70,8 @@ def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: d
                               # sorted by seq, so that the poller's "seq > n" reads the newest rows only: sorted
                               # by sms_id, its query read the whole table ten times a second (~0.3 cores of
                               # ClickHouse at 2.4 M rows)
-                              order_by=["seq"], dedup=dedup, per_kafka_partition=per_kafka_partition)
+                              order_by=["seq"], dedup=dedup, per_kafka_partition=per_kafka_partition,
+                              own_state=own_state)
 
 
 class Poller(threading.Thread):
@@ -130,8 +131,10 @@ VARIANTS = {"dedup": "glasspipe, the sms-dedup pipeline",
             "partition-probe": "the sms-dedup pipeline with bench/PartitionDedupProbe.java in place of its "
                                "deduplication operator (state per Kafka partition, by time; a probe, not durable)",
             "dedup-partition": "glasspipe, the sms-dedup pipeline with deduplication.perKafkaPartition (the "
-                               "topic is partitioned by the key)"}
-DEDUPLICATING = {"dedup", "dedup-partition", "partition-probe"}  # exact: each first occurrence once (else every event)
+                               "topic is partitioned by the key)",
+            "dedup-own": "glasspipe, the sms-dedup pipeline with deduplication.ownState (any topic)"}
+# exact: each first occurrence once (else every event)
+DEDUPLICATING = {"dedup", "dedup-partition", "dedup-own", "partition-probe"}
 
 
 def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table: str, trigger: str, max_rows: int,
@@ -315,7 +318,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         job = start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")
     else:
         path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
-                             dedup=variant in DEDUPLICATING, per_kafka_partition=variant == "dedup-partition")
+                             dedup=variant in DEDUPLICATING, per_kafka_partition=variant == "dedup-partition",
+                             own_state=variant == "dedup-own")
         env = {"SPARK_SUBMIT_OPTS": jfr_driver_options(tmp / f"jfr-start-{suffix}.jfr")} if jfr is not None else {}
         if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
             env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))

@@ -49,14 +49,15 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
                        spark_conf: dict[str, str] | None = None, window: str | None = None,
                        extra_columns: list[dict[str, str]] | None = None,
                        order_by: list[str] | None = None, dedup: bool = True,
-                       per_kafka_partition: bool = False) -> Path:
+                       per_kafka_partition: bool = False, own_state: bool = False) -> Path:
     """examples/sms-dedup.yaml on ``topic`` into table ``name`` (dashes as underscores), dead letters to
     ``<topic>-dlq``: the pipeline the benchmarks and soak run; ``seq_field`` adds a ``seq`` long column.
     ``extra_columns``: sink columns after one per field, e.g. ``{"name": "sent_ms", "expression":
     "unix_millis(sent_at)", "type": "Int64"}`` (a ``timestamp`` field is a ``DateTime``: whole seconds).
     ``order_by``: the table's sorting key (default: the deduplication key). ``dedup=False``: the source without its
     ``deduplication`` (the CRD allows that; the plan is then stateless), for the benchmarks' baselines;
-    ``per_kafka_partition``: its ``deduplication.perKafkaPartition`` (the topic must be partitioned by the key)."""
+    ``per_kafka_partition``: its ``deduplication.perKafkaPartition`` (the topic must be partitioned by the key);
+    ``own_state``: its ``deduplication.ownState``."""
     doc = load_example("sms-dedup.yaml")
     doc["metadata"]["name"] = name
     spec = doc["spec"]
@@ -75,6 +76,8 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
         source["deduplication"]["window"] = window
     if per_kafka_partition:
         source["deduplication"]["perKafkaPartition"] = True
+    if own_state:
+        source["deduplication"]["ownState"] = True
     if not dedup:
         del source["deduplication"]
     if order_by is not None:

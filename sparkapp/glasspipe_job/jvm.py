@@ -126,6 +126,7 @@ def deduplicate_per_kafka_partition(
     filtered: Column,
     warmup: Column,
     judged_late: JudgedLateRanges | None = None,
+    shuffle_partitions: int = 0,
 ) -> DataFrame:
     """Deduplication as ``deduplicate_within_window`` (every row kept, flagged in ``flag_col`` and ``late_col``),
     but per Kafka partition in the first stage (``io.glasspipe.spark.PartitionDedup``): no shuffle, no sort, no
@@ -140,7 +141,7 @@ def deduplicate_per_kafka_partition(
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, PARTITION_DEDUP_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
                         passthrough_col, partition_col, offset_col, late_col, state_root, filtered._jc, warmup._jc,
-                        judged_late_text(judged_late or {}))
+                        judged_late_text(judged_late or {}), shuffle_partitions)
 
 
 def partition_dedup_counts(spark: Any, state_root: str) -> dict[str, int]:
@@ -305,9 +306,9 @@ def arrow_batch_rdd(df: DataFrame, large_var_types: bool) -> Any:
 
 def keys_in_two_partitions(spark: Any) -> int:
     """How many times this driver saw a key again in another Kafka partition within its window (0 when the jar
-    is not loaded: no dedup ran)."""
-    cls = _loaded_class(spark, "io.glasspipe.spark.WindowDedup")
-    return 0 if cls is None else int(cls.keysInTwoPartitions())
+    is not loaded: no dedup ran), in Spark's engine and in own state after the shuffle by key."""
+    counted = (_loaded_class(spark, entry) for entry in ("io.glasspipe.spark.WindowDedup", PARTITION_DEDUP_ENTRY))
+    return sum(int(cls.keysInTwoPartitions()) for cls in counted if cls is not None)
 
 
 def _positive_window_ms(window_seconds: float) -> int:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 
 from confluent_kafka import KafkaException
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
@@ -36,6 +36,7 @@ from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import (
     batch_bound,
+    in_own_state,
     parse_and_check,
     per_kafka_partition,
     read_kafka,
@@ -203,6 +204,11 @@ def closed_left_windows(config: JobConfig, ledger: Ledger, decision: ho.Handover
 # (its SEGMENTS, its key bytes) needs a new number; 2: glasspipe's own key bytes, not Spark's range-scan encoding.
 PARTITION_DEDUP_PLAN = "dedup-per-kafka-partition/2"
 PARTITION_DEDUP_STATE = "dedup-per-kafka-partition"  # its stores' folder in the query's checkpoint
+# The same for deduplication.ownState: the same operator and key bytes after the shuffle by key, a store per shuffle
+# partition (so spark.shufflePartitions is part of the plan, as it is of Spark's own), each key's first time with its
+# Kafka partition and offset. A change of that layout needs a new number.
+OWN_STATE_PLAN = "dedup-own-state/1"
+OWN_STATE_STATE = "dedup-own-state"
 # The plan of a checkpoint whose single source deduplicates with the default engine: transformWithState grouped by
 # a bucket of the key, a map state and a timer a bucket (io.glasspipe.spark.BucketDedupProcessor). A checkpoint of
 # the earlier layout (a value and a timer a key, recorded as plan "") is set aside and its state rebuilt by the
@@ -217,9 +223,38 @@ def state_plan(config: JobConfig) -> str:
     source = config.spec.sources[0]
     if source.deduplication is None:
         return ""
-    if not per_kafka_partition(source):
-        return DEDUP_BUCKETS_PLAN
-    return f"{PARTITION_DEDUP_PLAN}/window={parse_duration_ms(source.deduplication.window)}ms"
+    window = f"window={parse_duration_ms(source.deduplication.window)}ms"
+    if per_kafka_partition(source):
+        return f"{PARTITION_DEDUP_PLAN}/{window}"
+    if in_own_state(source):
+        return f"{OWN_STATE_PLAN}/{window}/partitions={config.spec.spark.shuffle_partitions}"
+    return DEDUP_BUCKETS_PLAN
+
+
+def own_state_by_key(config: JobConfig) -> bool:
+    """Whether the single source deduplicates in glasspipe's own state after the shuffle by key (ownState)."""
+    return config.spec.join is None and in_own_state(config.spec.sources[0]) and not per_kafka_partition(
+        config.spec.sources[0])
+
+
+def start_query(spark: SparkSession, stream: DataStreamWriter, sorted_stream: bool) -> StreamingQuery:
+    """``stream.start()``. Deduplication in own state after the shuffle sorts each shuffle partition of a
+    micro-batch (by event time, Kafka partition and offset: the order a replay repeats), which Spark's check of a
+    streaming plan refuses whole (a sort is only for a complete aggregate); it is run on each micro-batch's rows,
+    as a batch plan's sort is. So for that plan alone the check is off while the query starts (Spark reads the
+    setting there only), and set back at once."""
+    if not sorted_stream:
+        return stream.start()
+    key = "spark.sql.streaming.unsupportedOperationCheck"
+    before = spark.conf.get(key, None)
+    spark.conf.set(key, "false")
+    try:
+        return stream.start()
+    finally:
+        if before is None:
+            spark.conf.unset(key)
+        else:
+            spark.conf.set(key, before)
 
 
 def parsed_stream(spark: SparkSession, config: JobConfig, a: SourceAssignment, decision: ho.Handover) -> DataFrame:
@@ -242,7 +277,8 @@ def output_stream(spark: SparkSession, config: JobConfig, assignments: list[Sour
         [a] = assignments
         return select_output(source_rows(parsed_stream(spark, config, a, decision), a.source,
                                          state_root=partition_dedup_root(config, a.source),
-                                         judged_late=decision.late.get(a.source.kafka.topic, {})), config)
+                                         judged_late=decision.late.get(a.source.kafka.topic, {}),
+                                         shuffle_partitions=config.spec.spark.shuffle_partitions), config)
     order = [s.name for s in join_sides(config)]
     assignments.sort(key=lambda a: order.index(a.source.name))
     parsed = {a.source.name: parsed_stream(spark, config, a, decision) for a in assignments}
@@ -254,8 +290,9 @@ def output_stream(spark: SparkSession, config: JobConfig, assignments: list[Sour
 
 
 def partition_dedup_root(config: JobConfig, source: models.Source) -> str:
-    """Where deduplication per Kafka partition keeps a source's state: a folder of the query's checkpoint."""
-    return f"{config.checkpoint_dir.rstrip('/')}/{PARTITION_DEDUP_STATE}/{source.name}"
+    """Where deduplication in own state keeps a source's state: a folder of the query's checkpoint."""
+    folder = PARTITION_DEDUP_STATE if per_kafka_partition(source) else OWN_STATE_STATE
+    return f"{config.checkpoint_dir.rstrip('/')}/{folder}/{source.name}"
 
 
 def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = False,
@@ -279,12 +316,12 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     # The largest batch (transform.read_kafka): smaller ones reach the driver in fewer parts. A join's output may
     # outgrow its input, so its batches always go one Spark partition at a time.
     bound = 0 if spec.join is not None else batch_bound(config, spec.sources[0], driver_heap_bytes(spark))
-    partitioned = spec.join is None and per_kafka_partition(spec.sources[0])
-    # deduplication per Kafka partition counts what was read in its operator, not in an observe (transform.py)
+    partitioned = spec.join is None and in_own_state(spec.sources[0])
+    # deduplication in own state counts what was read in its operator, not in an observe (transform.py)
     root = partition_dedup_root(config, spec.sources[0])
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
                          [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from,
-                         one_part=partitioned,
+                         one_part=partitioned and per_kafka_partition(spec.sources[0]),
                          row_counts=(lambda: partition_dedup_counts(spark, root)) if partitioned else None)
     collected = writer.collected(out)
     if partitioned:
@@ -295,7 +332,8 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=f"{config.trigger_interval_ms} milliseconds")
-    return RunningPipeline(stream.start(), metrics, sink, assignments, writer)
+    return RunningPipeline(start_query(spark, stream, sorted_stream=own_state_by_key(config)), metrics, sink,
+                           assignments, writer)
 
 
 def _await(running: RunningPipeline, timeout: int | None = None) -> bool:

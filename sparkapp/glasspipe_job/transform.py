@@ -155,6 +155,13 @@ def per_kafka_partition(source: models.Source) -> bool:
     return source.deduplication is not None and source.deduplication.per_kafka_partition
 
 
+def in_own_state(source: models.Source) -> bool:
+    """Whether the source deduplicates in glasspipe's own state (jvm.deduplicate_per_kafka_partition): per Kafka
+    partition, or after the shuffle by key (deduplication.ownState); else in Spark's transformWithState."""
+    return source.deduplication is not None and (source.deduplication.per_kafka_partition
+                                                 or source.deduplication.own_state)
+
+
 def batch_bound(config: JobConfig, source: models.Source, heap: int) -> int:
     """Records per micro-batch of a source: kafka.maxOffsetsPerTrigger, else derived from the driver JVM's max
     heap (models.derived_max_offsets_per_trigger; docs/operations.md "Catching up")."""
@@ -250,19 +257,24 @@ def observe_counts(df: DataFrame, name: str) -> DataFrame:
 
 
 def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = False,
-                state_root: str | None = None, judged_late: JudgedLateRanges | None = None) -> DataFrame:
+                state_root: str | None = None, judged_late: JudgedLateRanges | None = None,
+                shuffle_partitions: int = 0) -> DataFrame:
     """Watermark on event time, then first-occurrence-wins dedup (dead rows pass through untouched).
 
     With ``dead_letter_late`` (nothing stateful follows: the single-topic path), late rows become dead
     rows with reason ``late`` instead of being dropped by Spark; nothing stateful may follow the result.
-    A source deduplicated per Kafka partition keeps its state under ``state_root`` (single-topic path only), and
-    its watermark comes later, on the output (``watermark_after_output``). ``judged_late``: after a hand-over, the
-    warm-up rows earlier writers found late (handover.judged_late), late again here.
+    A source deduplicated in glasspipe's own state (``in_own_state``) keeps it under ``state_root`` (single-topic
+    path only), and its watermark comes later, on the output (``watermark_after_output``); with
+    deduplication.ownState its rows are first hashed by key into ``shuffle_partitions`` partitions (the spec's
+    spark.shufflePartitions). ``judged_late``: after a hand-over, the warm-up rows earlier writers found late
+    (handover.judged_late), late again here.
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
-    partitioned = per_kafka_partition(source)
+    partitioned = in_own_state(source)
     if partitioned and (not dead_letter_late or state_root is None):
-        raise ValueError("deduplication per Kafka partition is for a single source, with a state root")
+        raise ValueError("deduplication in glasspipe's own state is for a single source, with a state root")
+    if partitioned and not per_kafka_partition(source) and shuffle_partitions < 1:
+        raise ValueError("deduplication.ownState needs the spec's spark.shufflePartitions")
     # Deduplication per Kafka partition counts the rows and drops filtered ones (no event time, parse_and_check)
     # in its operator, and its watermark comes after the output columns (watermark_after_output): the row counts
     # (observe_counts) and the watermark are not generated code, so each ended a stage of its own, with a copy
@@ -281,7 +293,9 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
                                               flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE,
                                               partition_col="_gp_partition", offset_col="_gp_offset",
                                               state_root=state_root, filtered=F.col(STATUS) == "filtered",
-                                              warmup=F.col(WARMUP), judged_late=judged_late)
+                                              warmup=F.col(WARMUP), judged_late=judged_late,
+                                              shuffle_partitions=0 if per_kafka_partition(source)
+                                              else shuffle_partitions)
         out = out.where(F.col(STATUS) != "filtered")
     else:
         out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
@@ -344,16 +358,19 @@ def with_dead_flag(df: DataFrame) -> DataFrame:
 
 
 def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence[str] | None = None,
-                state_root: str | None = None, judged_late: JudgedLateRanges | None = None) -> DataFrame:
+                state_root: str | None = None, judged_late: JudgedLateRanges | None = None,
+                shuffle_partitions: int = 0) -> DataFrame:
     """One source's rows after ``parse_and_check``: counted (``observe``), filtered, deduplicated.
 
     Alone (single-topic path) dead rows pass through flagged and late rows become dead rows; ``state_root``:
     where deduplication per Kafka partition keeps its state. Before a join (``join_keys``: this side's join
     keys) dead rows come out flagged in ``DEAD`` and late rows in ``LATE`` with their reason, for the join
-    operator to pass through to the dead-letter topic. ``judged_late``: as ``deduplicate`` takes it.
+    operator to pass through to the dead-letter topic. ``judged_late`` and ``shuffle_partitions``: as
+    ``deduplicate`` takes them.
     """
-    if join_keys is None and per_kafka_partition(source):  # its operator counts the rows (deduplicate)
-        return deduplicate(parsed, source, dead_letter_late=True, state_root=state_root, judged_late=judged_late)
+    if join_keys is None and in_own_state(source):  # its operator counts the rows (deduplicate)
+        return deduplicate(parsed, source, dead_letter_late=True, state_root=state_root, judged_late=judged_late,
+                           shuffle_partitions=shuffle_partitions)
     rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
     if join_keys is not None:
         return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys, judged_late)

@@ -38,14 +38,14 @@ def sms(sms_id: str, status: str, at: datetime, **extra: Any) -> tuple[bytes, by
     return sms_id.encode(), dumps(doc)
 
 
-# The two deduplication engines: transformWithState across partitions (the default) and per Kafka partition
-# (deduplication.perKafkaPartition; the records of these tests are keyed by sms_id, so the topic is partitioned by
-# the deduplication key).
-ENGINES = pytest.mark.parametrize("per_partition", [False, True], ids=["by-key", "per-kafka-partition"])
+# The three deduplication engines: transformWithState across partitions (the default), glasspipe's own state after
+# the shuffle by key (deduplication.ownState) and per Kafka partition (deduplication.perKafkaPartition; the records
+# of these tests are keyed by sms_id, so the topic is partitioned by the deduplication key).
+ENGINES = pytest.mark.parametrize("engine", ["by-key", "own-state", "per-kafka-partition"])
 
 
 def pipeline(tmp_path: Path, kafka: KafkaServer, partitions: int = 4, max_per_trigger: int | None = None,
-             per_partition: bool = False, **batching: Any) -> tuple[Path, str, str]:
+             engine: str = "by-key", **batching: Any) -> tuple[Path, str, str]:
     """The sms-dedup example on fresh topics and a fresh table; returns (file, topic, table)."""
     suffix = uuid.uuid4().hex[:8]
     topic, table = f"sms-{suffix}", f"sms_{suffix}"
@@ -55,8 +55,10 @@ def pipeline(tmp_path: Path, kafka: KafkaServer, partitions: int = 4, max_per_tr
     doc["metadata"]["name"] = f"sms-{suffix}"
     spec = doc["spec"]
     spec["sources"][0]["kafka"]["topic"] = topic
-    if per_partition:
+    if engine == "per-kafka-partition":
         spec["sources"][0]["deduplication"]["perKafkaPartition"] = True
+    elif engine == "own-state":
+        spec["sources"][0]["deduplication"]["ownState"] = True
     if max_per_trigger:
         spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = max_per_trigger
     spec["sink"]["clickhouse"]["table"] = table
@@ -71,9 +73,9 @@ def run(path: Path, kafka: KafkaServer, ch: ClickHouseServer, checkpoint: Path, 
 
 @ENGINES
 def test_100k_events_with_20_percent_duplicates_land_exactly_once(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, engine: str
 ) -> None:
-    path, topic, table = pipeline(tmp_path, kafka, per_partition=per_partition)
+    path, topic, table = pipeline(tmp_path, kafka, engine=engine)
     rng = random.Random(1)
     uniques = 80_000
     records = [sms(f"id-{i:06d}", "first", T0 + timedelta(milliseconds=5 * i)) for i in range(uniques)]
@@ -101,8 +103,8 @@ def test_100k_events_with_20_percent_duplicates_land_exactly_once(
 
 @ENGINES
 def test_window_expiry_accepts_a_key_again(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer,
-                                          per_partition: bool) -> None:
-    path, topic, table = pipeline(tmp_path, kafka, partitions=1, per_partition=per_partition)
+                                          engine: str) -> None:
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1, engine=engine)
     produce(kafka.bootstrap, topic, [
         sms("a", "first", T0),
         sms("a", "inside", T0 + timedelta(minutes=4, seconds=59)),  # < 5 m after the first: dropped
@@ -163,11 +165,11 @@ def test_a_far_future_event_time_costs_no_later_record(
 
 @ENGINES
 def test_a_straggler_more_than_a_window_before_the_first_is_not_a_duplicate(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, engine: str
 ) -> None:
     """Issue #14: with allowedLateness above the window, a record of a key arriving later but more than a
     window *earlier* than the key's first occurrence is a new occurrence, not a duplicate."""
-    path, topic, table = pipeline(tmp_path, kafka, partitions=1, per_partition=per_partition)
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1, engine=engine)
     edit_source(path, allowedLateness="1h")  # the example's window is 5m
     produce(kafka.bootstrap, topic, [sms("a", "first", T0 + timedelta(minutes=30))])
     run(path, kafka, clickhouse, tmp_path / "ckpt")
@@ -184,11 +186,11 @@ def test_a_straggler_more_than_a_window_before_the_first_is_not_a_duplicate(
 
 @ENGINES
 def test_bad_records_go_to_the_dead_letter_topic_with_reasons(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, engine: str
 ) -> None:
     """Dead letters with their reasons; a filtered record is counted, neither written nor dead-lettered, and its
     event time (a day ahead) moves no watermark: the next run's records, an hour behind it, are not late."""
-    path, topic, table = pipeline(tmp_path, kafka, partitions=2, per_partition=per_partition)
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2, engine=engine)
     doc = yaml.safe_load(path.read_text())
     doc["spec"]["sources"][0]["filter"] = "status != 'test'"
     path.write_text(yaml.safe_dump(doc))
@@ -255,13 +257,13 @@ def test_a_value_that_does_not_cast_to_its_column_goes_to_the_dead_letter_topic_
 
 @ENGINES
 def test_sigkill_at_random_moments_loses_and_doubles_nothing(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, engine: str
 ) -> None:
-    # Per Kafka partition a batch takes less time: smaller batches keep the stream long enough for the kills, in
-    # several INSERT chunks each (a replayed batch's chunks must hold the rows they held before the kill).
-    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=400 if per_partition else 1500,
-                                  per_partition=per_partition, maxRows=100 if per_partition else 1000,
-                                  maxDelay="200ms")
+    # In own state a batch takes less time: smaller batches keep the stream long enough for the kills, in several
+    # INSERT chunks each (a replayed batch's chunks must hold the rows they held before the kill).
+    own = engine != "by-key"
+    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=400 if own else 1500,
+                                  engine=engine, maxRows=100 if own else 1000, maxDelay="200ms")
     rng = random.Random(5)
     uniques = 30_000
     records = [sms(f"c-{i:06d}", "first", T0 + timedelta(milliseconds=20 * i)) for i in range(uniques)]
@@ -337,8 +339,11 @@ def test_clickhouse_down_for_30s_mid_run(tmp_path: Path, kafka: KafkaServer, cli
     assert (rows, distinct) == (uniques, uniques)
 
 
-def test_a_key_in_two_partitions_is_reported(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
-    path, topic, table = pipeline(tmp_path, kafka, partitions=2)
+@pytest.mark.parametrize("engine", ["by-key", "own-state"])
+def test_a_key_in_two_partitions_is_reported(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer,
+                                             engine: str) -> None:
+    """Both engines that bring a key's records together deduplicate it across partitions, and count it."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2, engine=engine)
     first = [sms("x", "first", T0), sms("y", "first", T0)]
     again = [sms("x", "again", T0 + timedelta(seconds=5))]
     produce(kafka.bootstrap, topic, first, partition_of=lambda _k: 0)
@@ -372,18 +377,20 @@ def test_a_hand_over_record_cut_short_sets_the_checkpoint_aside_and_stays_exact(
     assert [p.name for p in (tmp_path / "ckpt").glob("*.superseded-*")] == ["replica-0-of-1.superseded-0"]
 
 
+@pytest.mark.parametrize(("before", "after"), [("by-key", "perKafkaPartition"), ("by-key", "ownState"),
+                                               ("own-state", "perKafkaPartition")])
 def test_turning_per_kafka_partition_on_rebuilds_the_state_from_the_topic(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, before: str, after: str
 ) -> None:
-    """deduplication.perKafkaPartition changes the shape of the state: the checkpoint of the other engine is set
-    aside and the new one's state rebuilt by the hand-over's warm-up, so repeats of keys written before the change
-    are still duplicates."""
-    path, topic, table = pipeline(tmp_path, kafka)
+    """deduplication.perKafkaPartition and ownState change the shape of the state: the checkpoint of the other
+    engine is set aside and the new one's state rebuilt by the hand-over's warm-up, so repeats of keys written before
+    the change are still duplicates."""
+    path, topic, table = pipeline(tmp_path, kafka, engine=before)
     produce(kafka.bootstrap, topic, [sms(f"k-{i}", "first", T0 + timedelta(seconds=i)) for i in range(1000)])
     first = run(path, kafka, clickhouse, tmp_path / "ckpt")
     assert "rows written 1000," in first, first
     doc = yaml.safe_load(path.read_text())
-    doc["spec"]["sources"][0]["deduplication"]["perKafkaPartition"] = True
+    doc["spec"]["sources"][0]["deduplication"][after] = True
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     produce(kafka.bootstrap, topic, [
         *[sms(f"k-{i}", "repeat", T0 + timedelta(seconds=i, milliseconds=500)) for i in range(1000)],
@@ -399,13 +406,13 @@ def test_turning_per_kafka_partition_on_rebuilds_the_state_from_the_topic(
 
 @ENGINES
 def test_a_warm_up_read_over_many_batches_from_partitions_apart_in_event_time_keeps_every_key(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, engine: str
 ) -> None:
     """A new writer re-reads the window as warm-up, in as many micro-batches as maxOffsetsPerTrigger makes, each
     partition a share of it. Its own watermark rises with the partition furthest ahead in event time, so a warm-up
     row of a partition behind it falls below it. Such a row was on time for the writer that wrote it and must still
     enter the state: its key's later repeats within the window are duplicates, as they were before the hand-over."""
-    path, topic, table = pipeline(tmp_path, kafka, partitions=2, per_partition=per_partition)
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2, engine=engine)
     part = {b"a": 0, b"b": 1}
     first = [sms(f"a-{i}", "first", T0 + timedelta(seconds=i)) for i in range(400)]  # partition 0: 0-399 s
     first += [sms(f"b-{i}", "first", T0 + timedelta(seconds=200, milliseconds=100 * i)) for i in range(400)]  # 1
@@ -432,13 +439,13 @@ def test_a_warm_up_read_over_many_batches_from_partitions_apart_in_event_time_ke
 
 @ENGINES
 def test_a_record_late_for_its_first_writer_stays_late_when_the_next_writer_reads_it_again(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, engine: str
 ) -> None:
     """A record the first writer found late went to the dead-letter topic and never entered its state, so that
     writer would write the key's next on-time record. The next writer reads the record again as warm-up, below a
     watermark of its own that has not risen yet: it must still count it late (the first writer's batch recorded its
     late rows in the ledger), or the key's next record is dropped as a duplicate of a dead letter."""
-    path, topic, table = pipeline(tmp_path, kafka, partitions=1, max_per_trigger=200, per_partition=per_partition)
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1, max_per_trigger=200, engine=engine)
     produce(kafka.bootstrap, topic, [
         *[sms(f"a-{i}", "first", T0 + timedelta(seconds=i)) for i in range(400)],  # two batches: watermark 339 s
         sms("x", "late", T0 + timedelta(seconds=100)), sms("y", "late", T0 + timedelta(seconds=120)),  # the third

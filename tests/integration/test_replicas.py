@@ -30,7 +30,7 @@ PARTITIONS = 6
 class Stream:
     """A keyed SMS stream on a 6-partition topic with a pipeline, and what ClickHouse should end with."""
 
-    def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, per_partition: bool = False) -> None:
+    def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, engine: str = "by-key") -> None:
         self.started: list[ServerProcess] = []
         STREAMS.append(self)
         suffix = uuid.uuid4().hex[:8]
@@ -43,8 +43,10 @@ class Stream:
         spec = doc["spec"]
         spec["sources"][0]["kafka"]["topic"] = self.topic
         spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = 3000
-        if per_partition:  # the stream is keyed by sms_id
+        if engine == "per-kafka-partition":  # the stream is keyed by sms_id
             spec["sources"][0]["deduplication"]["perKafkaPartition"] = True
+        elif engine == "own-state":
+            spec["sources"][0]["deduplication"]["ownState"] = True
         spec["sink"]["clickhouse"]["table"] = self.table
         spec["sink"]["clickhouse"]["batching"] = {"maxRows": 5000, "maxDelay": "500ms"}
         spec["deadLetter"]["topic"] = f"{self.topic}-dlq"
@@ -160,11 +162,11 @@ def test_replicas_share_the_topic_and_group(replicas: int, tmp_path: Path, kafka
         assert f"partitions {owned[i]}" in log, log[-2000:]
 
 
-@pytest.mark.parametrize("per_partition", [False, True], ids=["by-key", "per-kafka-partition"])
+@pytest.mark.parametrize("engine", ["by-key", "own-state", "per-kafka-partition"])
 def test_rescale_1_3_2_with_a_replica_killed_during_the_rescale(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, per_partition: bool
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, engine: str
 ) -> None:
-    s = Stream(tmp_path, kafka, clickhouse, per_partition)
+    s = Stream(tmp_path, kafka, clickhouse, engine)
     timings: dict[str, Any] = {}
     # 1 replica
     s.produce(new=6_000, repeats=1_000)

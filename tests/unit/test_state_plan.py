@@ -96,3 +96,17 @@ def test_deduplication_per_kafka_partition_records_its_engine_and_window() -> No
     five = plan_of("sms-dedup.yaml", perKafkaPartition=True)
     assert five == "dedup-per-kafka-partition/2/window=300000ms"
     assert plan_of("sms-dedup.yaml", perKafkaPartition=True, window="8h") != five
+
+
+def test_deduplication_in_own_state_records_its_engine_window_and_shuffle_partitions() -> None:
+    """A store per shuffle partition, keys laid out by fractions of the window: another window or another number of
+    shuffle partitions is another state, and so is either other engine's."""
+    own = plan_of("sms-dedup.yaml", ownState=True)
+    assert own == "dedup-own-state/1/window=300000ms/partitions=2"
+    assert plan_of("sms-dedup.yaml", ownState=True, window="8h") != own
+    assert own not in (DEDUP_BUCKETS_PLAN, plan_of("sms-dedup.yaml", perKafkaPartition=True))
+    doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
+    doc["spec"]["sources"][0]["deduplication"]["ownState"] = True
+    doc["spec"].setdefault("spark", {})["shufflePartitions"] = 4
+    four = state_plan(load_job_config(config_from_resource(doc, 0, 1)))
+    assert four == "dedup-own-state/1/window=300000ms/partitions=4"

@@ -286,6 +286,21 @@ def test_per_kafka_partition_deduplication_is_not_for_a_join() -> None:
     assert "remove it or the join" in msg
 
 
+def test_own_state_deduplication_is_not_for_a_join() -> None:
+    doc = load("orders-users-join.yaml")
+    doc["spec"]["sources"][1]["deduplication"] = {"keys": ["user_id"], "window": "5m", "ownState": True}
+    [msg] = problems_of(doc)
+    assert msg.startswith("spec.sources[1].deduplication.ownState: is not for a joined source")
+    assert "remove it or the join" in msg
+
+
+def test_own_state_deduplication_is_valid_alone() -> None:
+    doc = load("sms-dedup.yaml")
+    doc["spec"]["sources"][0]["deduplication"]["ownState"] = True
+    spec, _ = validate_resource(doc)
+    assert spec.sources[0].deduplication is not None and spec.sources[0].deduplication.own_state
+
+
 def test_per_kafka_partition_deduplication_is_valid_alone() -> None:
     doc = load("sms-dedup.yaml")
     doc["spec"]["sources"][0]["deduplication"]["perKafkaPartition"] = True

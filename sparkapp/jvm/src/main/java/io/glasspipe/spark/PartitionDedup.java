@@ -75,6 +75,12 @@ import scala.jdk.javaapi.CollectionConverters;
  * <p>It also counts what was read ({@link #rowCounts}): the job's plan has no {@code observe} of its own for such a
  * source, nor a watermark before this operator (the driver puts it after the output columns), so that Kafka record,
  * parse, checks, deduplication and output columns are one stage of generated code, with no row written in between.
+ *
+ * <p><b>After the shuffle by key</b> ({@code shufflePartitions} above 0, {@code deduplication.ownState}) the same
+ * operator runs on any topic: the rows are hashed by key into that many partitions, each sorted by (event time,
+ * Kafka partition, offset), an order a replayed batch repeats whatever order the shuffle delivered them in; then
+ * the store partition is the shuffle partition, and a key's first time is kept with its Kafka partition and offset.
+ * That leaves out {@code transformWithState}'s sort by key, its {@code Row}s, its timers and Spark's key encoders.
  */
 public final class PartitionDedup {
   private PartitionDedup() {}
@@ -108,9 +114,18 @@ public final class PartitionDedup {
         c.warmup().value()};
   }
 
+  /**
+   * How many times the tasks of this driver found a key again in another Kafka partition within its window (after
+   * the shuffle by key only: per Kafka partition a key's other partition is never seen), as {@link
+   * WindowDedup#keysInTwoPartitions()} counts it for Spark's engine.
+   */
+  public static long keysInTwoPartitions() {
+    return COUNTS.values().stream().mapToLong(c -> c.twoPartitions().value()).sum();
+  }
+
   /** Spark accumulators, merged from each successful task on the driver. */
-  record RowCounts(LongAccumulator in, LongAccumulator dead, LongAccumulator filtered, LongAccumulator warmup)
-      implements Serializable {}
+  record RowCounts(LongAccumulator in, LongAccumulator dead, LongAccumulator filtered, LongAccumulator warmup,
+      LongAccumulator twoPartitions) implements Serializable {}
 
   /**
    * {@code df} with {@code flagCol} (duplicate) and {@code lateCol} (late) added, every row kept.
@@ -124,11 +139,13 @@ public final class PartitionDedup {
    * @param filtered true for a row the source's filter drops (it has no event time), counted only
    * @param warmup true for a row read again to rebuild the state (counted apart); such a row is late only as the
    *     writer that read it first judged it ({@code judgedLate}, {@link JudgedLate})
+   * @param shufflePartitions 0: per Kafka partition, in the first stage; else after the shuffle by key into that
+   *     many partitions (a store each)
    */
   public static Dataset<Row> deduplicate(
-      Dataset<Row> df, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
+      Dataset<Row> input, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol, String stateRoot,
-      Column filtered, Column warmup, String judgedLate) {
+      Column filtered, Column warmup, String judgedLate, int shufflePartitions) {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
@@ -138,6 +155,14 @@ public final class PartitionDedup {
     if (flagCol == null || lateCol == null || partitionCol == null || offsetCol == null || stateRoot == null) {
       throw new IllegalArgumentException("flagCol, lateCol, partitionCol, offsetCol and stateRoot are all needed");
     }
+    if (shufflePartitions < 0) {
+      throw new IllegalArgumentException("shufflePartitions must be 0 (per Kafka partition) or more, got "
+          + shufflePartitions);
+    }
+    // a key's rows to one task, in an order a replay repeats
+    Dataset<Row> df = shufflePartitions == 0 ? input
+        : input.repartition(shufflePartitions, keys.stream().map(input::col).toArray(Column[]::new))
+            .sortWithinPartitions(input.col(eventTimeCol), input.col(partitionCol), input.col(offsetCol));
     StructType schema = df.schema();
     if (!schema.apply(eventTimeCol).dataType().equals(DataTypes.TimestampType)) {
       throw new IllegalArgumentException("event time column " + eventTimeCol + " must be TIMESTAMP");
@@ -155,10 +180,11 @@ public final class PartitionDedup {
     Broadcast<SerializableConfiguration> hadoopConf = JavaSparkContext.fromSparkContext(sc)
         .broadcast(new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()));
     RowCounts counts = new RowCounts(sc.longAccumulator("glasspipe records in"), sc.longAccumulator("glasspipe dead"),
-        sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"));
+        sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"),
+        sc.longAccumulator("glasspipe keys in two partitions"));
     COUNTS.put(stateRoot, counts);
     Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs, counts,
-        JudgedLate.parse(judgedLate)));
+        JudgedLate.parse(judgedLate), shufflePartitions > 0));
     Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
         .toArray(Column[]::new));
     Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
@@ -177,7 +203,7 @@ public final class PartitionDedup {
 
   /** What every task needs: fixed when the query's plan is made. */
   record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, Broadcast<SerializableConfiguration> hadoopConf,
-      long windowMs, RowCounts counts, JudgedLate judgedLate) implements Serializable {
+      long windowMs, RowCounts counts, JudgedLate judgedLate, boolean shuffled) implements Serializable {
     Configuration hadoop() {
       return hadoopConf.value().value();
     }
@@ -230,20 +256,21 @@ public final class PartitionDedup {
       if (warmup ? plan.judgedLate().wasLate(partition, offset, t) : t < watermark) {
         return LATE;
       }
+      int store = plan.shuffled() ? TaskContext.getPartitionId() : partition;
       if (state == null) {
-        PartitionState opened = new PartitionState(plan, partition); // aborts its store unless committed
+        PartitionState opened = new PartitionState(plan, store); // aborts its store unless committed
         TaskContext.get().addTaskCompletionListener(ctx -> { // Spark runs these last registered first
           if (!ctx.isFailed() && !ctx.isInterrupted()) {
             opened.commit(watermark);
           }
         });
         state = opened;
-      } else if (state.partition != partition) {
+      } else if (state.partition != store) {
         throw new IllegalStateException("deduplication per Kafka partition saw Kafka partitions " + state.partition
             + " and " + partition + " in one task: a Kafka partition's records must not be split or merged "
             + "(no kafka minPartitions or maxRecordsPerPartition)");
       }
-      return state.seen(key(keyText), t, offset) ? DUPLICATE : KEPT;
+      return state.seen(key(keyText), t, partition, offset) ? DUPLICATE : KEPT;
     }
 
     private static long batchWatermark() {
@@ -408,7 +435,7 @@ public final class PartitionDedup {
      * True when an accepted row of {@code key} lies within a window of {@code t}, other than the row at {@code offset}
      * itself; else records t (and the offset) as one. {@code key} starts with {@link #SEGMENT_BYTES} this overwrites.
      */
-    boolean seen(byte[] key, long t, long offset) {
+    boolean seen(byte[] key, long t, int kafkaPartition, long offset) {
       long w = plan.windowMs();
       if (oldest != Long.MAX_VALUE) {
         long lo = Math.max(Math.floorDiv(t - w, segmentMs), oldest);
@@ -418,13 +445,25 @@ public final class PartitionDedup {
           if (got != null) {
             long first = readLong(got, 0);
             if (t > first - w && t < first + w) {
-              return readLong(got, 8) != offset;
+              if (!plan.shuffled()) {
+                return readLong(got, 8) != offset;
+              }
+              long firstPartition = readLong(got, 16);
+              if (readLong(got, 8) == offset && firstPartition == kafkaPartition) {
+                return false; // the row itself
+              }
+              if (firstPartition != kafkaPartition) {
+                plan.counts().twoPartitions().add(1L);
+              }
+              return true;
             }
           }
         }
       }
       long segment = Math.floorDiv(t, segmentMs);
-      db.put(withSegment(key, segment), twoLongs(t, offset), COLUMN_FAMILY, false, false, false);
+      byte[] value = plan.shuffled() ? ByteBuffer.allocate(24).putLong(t).putLong(offset).putLong(kafkaPartition)
+          .array() : twoLongs(t, offset);
+      db.put(withSegment(key, segment), value, COLUMN_FAMILY, false, false, false);
       newest = Math.max(newest, t);
       oldest = Math.min(oldest, segment);
       return false;
