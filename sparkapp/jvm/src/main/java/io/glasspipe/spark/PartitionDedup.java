@@ -38,7 +38,6 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.types.AbstractDataType;
-import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
@@ -160,7 +159,11 @@ public final class PartitionDedup {
       throw new IllegalArgumentException("shufflePartitions must be 0 (per Kafka partition) or more, got "
           + shufflePartitions);
     }
-    StructType schema = input.schema();
+    // a key's rows to one task, in an order a replay repeats
+    Dataset<Row> df = shufflePartitions == 0 ? input
+        : input.repartition(shufflePartitions, keys.stream().map(input::col).toArray(Column[]::new))
+            .sortWithinPartitions(input.col(eventTimeCol), input.col(partitionCol), input.col(offsetCol));
+    StructType schema = df.schema();
     if (!schema.apply(eventTimeCol).dataType().equals(DataTypes.TimestampType)) {
       throw new IllegalArgumentException("event time column " + eventTimeCol + " must be TIMESTAMP");
     }
@@ -170,77 +173,32 @@ public final class PartitionDedup {
         throw new IllegalArgumentException("column " + added + " already exists");
       }
     }
-    StateStoreConf storeConf = new StateStoreConf(input.sparkSession().sessionState().conf(),
+    StateStoreConf storeConf = new StateStoreConf(df.sparkSession().sessionState().conf(),
         scala.collection.immutable.Map$.MODULE$.empty());
-    SparkContext sc = input.sparkSession().sparkContext();
+    SparkContext sc = df.sparkSession().sparkContext();
     // Broadcast, as Spark's file sources do: in the plan, every task read the whole Hadoop configuration again.
     Broadcast<SerializableConfiguration> hadoopConf = JavaSparkContext.fromSparkContext(sc)
-        .broadcast(new SerializableConfiguration(input.sparkSession().sessionState().newHadoopConf()));
+        .broadcast(new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()));
     RowCounts counts = new RowCounts(sc.longAccumulator("glasspipe records in"), sc.longAccumulator("glasspipe dead"),
         sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"),
         sc.longAccumulator("glasspipe keys in two partitions"));
     COUNTS.put(stateRoot, counts);
-    Column passthrough = passthroughCol == null ? functions.lit(false)
-        : functions.coalesce(input.col(passthroughCol), functions.lit(false));
-    Column isFiltered = functions.coalesce(filtered, functions.lit(false));
-    Column isWarmup = functions.coalesce(warmup, functions.lit(false));
-    Dataset<Row> df = input;
-    if (shufflePartitions > 0) {
-      // counted, and the filter's rows dropped, before the shuffle; then a key's rows to one task, in an order a
-      // replay repeats
-      df = input.where(invoke(new Counter(counts), Counter.class, "unfiltered", DataTypes.BooleanType,
-              List.of(passthrough, isFiltered, isWarmup)))
-          .repartition(shufflePartitions, keys.stream().map(input::col).toArray(Column[]::new))
-          .sortWithinPartitions(input.col(eventTimeCol), input.col(partitionCol), input.col(offsetCol));
-    }
     Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs, counts,
         JudgedLate.parse(judgedLate), shufflePartitions > 0));
-    Column keyText = functions.struct(keys.stream().map(k -> input.col(k).cast(DataTypes.StringType))
+    Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
         .toArray(Column[]::new));
-    Column micros = functions.coalesce(functions.unix_micros(input.col(eventTimeCol)),
-        functions.lit(Long.MIN_VALUE));
-    Column flags = invoke(flagger, Flagger.class, "code", DataTypes.IntegerType, List.of(keyText, micros,
-        input.col(partitionCol), input.col(offsetCol), passthrough, isFiltered, isWarmup));
+    Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
+    Column passthrough = passthroughCol == null ? functions.lit(false)
+        : functions.coalesce(df.col(passthroughCol), functions.lit(false));
+    List<Expression> args = List.of(keyText, micros, df.col(partitionCol), df.col(offsetCol), passthrough,
+        functions.coalesce(filtered, functions.lit(false)), functions.coalesce(warmup, functions.lit(false))).stream()
+        .map(ExpressionUtils::expression).toList();
+    Column flags = ExpressionUtils.column(new Invoke(Literal.create(flagger, new ObjectType(Flagger.class)), "code",
+        DataTypes.IntegerType, CollectionConverters.asScala(args).toSeq(),
+        CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(), false, false, false));
     Dataset<Row> coded = df.withColumn(code, flags);
     return coded.withColumn(flagCol, coded.col(code).equalTo(Flagger.DUPLICATE))
         .withColumn(lateCol, coded.col(code).equalTo(Flagger.LATE)).drop(code);
-  }
-
-  /** {@code target.method(args)} as a nondeterministic expression: evaluated once a row, in the rows' order. */
-  private static Column invoke(Serializable target, Class<?> type, String method, DataType result, List<Column> args) {
-    List<Expression> expressions = args.stream().map(ExpressionUtils::expression).toList();
-    return ExpressionUtils.column(new Invoke(Literal.create(target, new ObjectType(type)), method, result,
-        CollectionConverters.asScala(expressions).toSeq(),
-        CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(), false, false, false));
-  }
-
-  /** Counts each row of the first stage ({@link #rowCounts}) where the deduplication itself runs after a shuffle. */
-  public static final class Counter implements Serializable {
-    private static final long serialVersionUID = 1L;
-    private final RowCounts counts;
-
-    Counter(RowCounts counts) {
-      this.counts = counts;
-    }
-
-    /** False for a row the source's filter drops: it goes no further (it has no event time, no place in a window). */
-    public boolean unfiltered(boolean passthrough, boolean filtered, boolean warmup) {
-      count(counts, passthrough, filtered, warmup);
-      return !filtered;
-    }
-  }
-
-  private static void count(RowCounts counts, boolean passthrough, boolean filtered, boolean warmup) {
-    if (warmup) {
-      counts.warmup().add(1L);
-    } else {
-      counts.in().add(1L);
-      if (filtered) {
-        counts.filtered().add(1L);
-      } else if (passthrough) {
-        counts.dead().add(1L);
-      }
-    }
   }
 
   /** What every task needs: fixed when the query's plan is made. */
@@ -276,8 +234,16 @@ public final class PartitionDedup {
      */
     public int code(InternalRow keyText, long micros, int partition, long offset, boolean passthrough,
         boolean filtered, boolean warmup) {
-      if (!plan.shuffled()) { // else counted before the shuffle (Counter)
-        count(plan.counts(), passthrough, filtered, warmup);
+      RowCounts counts = plan.counts();
+      if (warmup) {
+        counts.warmup().add(1L);
+      } else {
+        counts.in().add(1L);
+        if (filtered) {
+          counts.filtered().add(1L);
+        } else if (passthrough) {
+          counts.dead().add(1L);
+        }
       }
       if (passthrough || micros == Long.MIN_VALUE) { // a dead letter; no event time: no place in any window
         return KEPT;
