@@ -241,8 +241,8 @@ def start_query(spark: SparkSession, stream: DataStreamWriter, sorted_stream: bo
     """``stream.start()``. Deduplication in own state after the shuffle sorts each shuffle partition of a
     micro-batch (by event time, Kafka partition and offset: the order a replay repeats), which Spark's check of a
     streaming plan refuses whole (a sort is only for a complete aggregate); it is run on each micro-batch's rows,
-    as a batch plan's sort is. So for that plan alone the check is off while the query starts (Spark reads the
-    setting there only), and set back at once."""
+    as a batch plan's sort is. So for that plan alone the check is off while the query starts (where Spark checks
+    the plan), and set back at once."""
     if not sorted_stream:
         return stream.start()
     key = "spark.sql.streaming.unsupportedOperationCheck"

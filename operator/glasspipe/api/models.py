@@ -294,7 +294,8 @@ class Deduplication(ApiModel):
     own_state: bool = Field(
         False,
         description="Deduplicate in glasspipe's own state after the shuffle by key, instead of Spark's "
-        "transformWithState: exact on any topic, about 40 % less CPU an event. Within a micro-batch a key's "
+        "transformWithState: exact on any topic, 8-26 % less CPU an event, and it keeps up where Spark's "
+        "engine falls behind once keys expire. Within a micro-batch a key's "
         "records are taken in event-time order. A record written because it lies more than a window before its "
         "key's first one is remembered too. Changing it rebuilds the state from the topic. Not with a join.",
     )
