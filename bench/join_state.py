@@ -8,7 +8,9 @@ with ``--type left`` a left join; window ``--window``, allowed lateness ``--late
 process's Spark (local[2]), and a generator process that produces ``--rate`` orders and ``--rate`` user events per
 second with event time = now, each order matching exactly one user event (``--rate`` matched pairs/s), or with
 ``--unmatched SHARE`` that share of the orders naming a user that never comes (a left join keeps each until its
-window closes and writes it with NULLs; an inner join drops it).
+window closes and writes it with NULLs; an inner join drops it). ``--dedup WINDOW`` deduplicates both sides first,
+as examples/dedup-then-join.yaml does (orders by ``order_id``, user events by ``user_id`` and ``updated_at``), and
+``--duplicates SHARE`` then sends that share of the records of each side twice, the repeat right after.
 Every 5 s it prints the query progress: input and processed rows/s, the join's state rows
 (``numRowsTotal``: 0 unless ``--conf spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows=true``,
 which the job turns off for speed) and RocksDB memory (``memoryUsedBytes``), rows landed in ClickHouse,
@@ -47,13 +49,14 @@ from glasspipe_dev.pipelines import STRICT_CODEGEN_CONF, load_example  # noqa: E
 
 def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float, produced: Any,
              partitions: int = 1, hot_share: float | None = None, unmatched: float = 0.0,
-             close_ms: int = 0) -> None:
+             close_ms: int = 0, duplicates: float = 0.0) -> None:
     """Produce ``rate`` orders and ``rate`` user events per second in 50 ms ticks; event time = the tick's wall
     clock. ``unmatched``: the share of orders whose user never comes (every 100 orders, the first that many).
     Records go to the partition of their key, or with ``hot_share`` that share of them to partition 0 and the rest
     evenly to the others (a skewed topic). ``close_ms``: then one more matched pair (``o-close``) that far ahead,
     event time and Kafka timestamp, whose watermark passes every window of the offer: a left join then writes the
-    last window's unmatched orders with NULLs too, so every order can be counted."""
+    last window's unmatched orders with NULLs too, so every order can be counted. ``duplicates``: that share of the
+    pairs (every 100, the last that many) is sent twice, each record's repeat right after it."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
@@ -64,6 +67,7 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
     k = 0
     hot = -1 if hot_share is None else round(hot_share * 100)
     ghosts = round(unmatched * 100)
+    repeats = round(duplicates * 100)
     while time.monotonic() - start < seconds:
         due = start + (k // per_tick) * tick
         if (delay := due - time.monotonic()) > 0:
@@ -73,17 +77,17 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
             uid = f"u{k}"
             key = uid.encode()
             part = -1 if hot < 0 else 0 if k % 100 < hot else 1 + k % max(partitions - 1, 1)
-            while True:
-                try:
-                    p.produce(users, key=key, value=(f'{{"user_id":"{uid}","country":"c{k % 50}","plan":"pro",'
-                                                     f'"updated_at":"{now}"}}').encode(), partition=part)
-                    oid = uid if k % 100 >= ghosts else f"g{k}"  # a ghost: no user event with its key
-                    p.produce(orders, key=oid.encode(), value=(f'{{"order_id":"o{k}","user_id":"{oid}",'
-                                                               f'"amount":{k % 1000},"created_at":"{now}"}}').encode(),
-                              partition=part)
-                    break
-                except BufferError:
-                    p.poll(0.05)
+            oid = uid if k % 100 >= ghosts else f"g{k}"  # a ghost: no user event with its key
+            user = f'{{"user_id":"{uid}","country":"c{k % 50}","plan":"pro","updated_at":"{now}"}}'.encode()
+            order = f'{{"order_id":"o{k}","user_id":"{oid}","amount":{k % 1000},"created_at":"{now}"}}'.encode()
+            for _ in range(2 if k % 100 >= 100 - repeats else 1):
+                while True:
+                    try:
+                        p.produce(users, key=key, value=user, partition=part)
+                        p.produce(orders, key=oid.encode(), value=order, partition=part)
+                        break
+                    except BufferError:
+                        p.poll(0.05)
             k += 1
         p.poll(0)
         produced.value = k
@@ -129,6 +133,10 @@ def main() -> None:
                     help="join.type; every order has its user, so a left join emits the same pairs and no NULL rows")
     ap.add_argument("--unmatched", type=float, default=0.0,
                     help="share of the orders whose user never comes (0 to 1): a left join's pending rows")
+    ap.add_argument("--dedup", metavar="WINDOW", help="deduplicate both sides first within WINDOW "
+                    "(examples/dedup-then-join.yaml's keys)")
+    ap.add_argument("--duplicates", type=float, default=0.0,
+                    help="share of the records of each side sent twice (needs --dedup)")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--hot-share", type=float, help="share of the records on partition 0 (a skewed topic; the "
                     "rest evenly on the others); default: each on its key's partition")
@@ -140,6 +148,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.hot_share is not None and (args.partitions < 2 or not 0 <= args.hot_share <= 1):
         ap.error("--hot-share takes a share from 0 to 1 and needs --partitions 2 or more")
+    if args.duplicates and not (args.dedup and 0 < args.duplicates <= 1):
+        ap.error("--duplicates takes a share from 0 to 1 and needs --dedup (without it a repeat joins again)")
 
     from glasspipe_job.config import config_from_resource, load_job_config
     from glasspipe_job.metrics import offsets_behind
@@ -162,6 +172,9 @@ def main() -> None:
             s["eventTime"]["allowedLateness"] = args.lateness
             if args.max_per_trigger:
                 s["kafka"]["maxOffsetsPerTrigger"] = args.max_per_trigger
+            if args.dedup:
+                keys = ["order_id"] if s["name"] == "orders" else ["user_id", "updated_at"]
+                s["deduplication"] = {"keys": keys, "window": args.dedup}
         spec["join"].update(window=args.window, type=args.type)
         spec["sink"]["clickhouse"].update(hosts=[f"127.0.0.1:{ch.port}"], table=table,
                                           batching={"maxDelay": args.trigger})
@@ -181,13 +194,15 @@ def main() -> None:
         closing = args.type == "left" and args.unmatched > 0
         close_ms = parse_duration_ms(args.window) + parse_duration_ms(args.lateness) + 2000 if closing else 0
         gen = mp.Process(target=generate, args=(kafka.bootstrap, orders, users, args.rate, args.seconds, produced,
-                                                args.partitions, args.hot_share, args.unmatched, close_ms))
+                                                args.partitions, args.hot_share, args.unmatched, close_ms,
+                                                args.duplicates))
         started = time.monotonic()
         gen.start()
         client = ch.client()
         expected_state = 2 * args.rate * (parse_duration_ms(args.window) + parse_duration_ms(args.lateness)) / 1000
         print(f"{args.type} join, rate {args.rate} orders/s ({args.unmatched:.0%} of them unmatched) for "
               f"{args.seconds:.0f} s, window {args.window}, "
+              f"{f'sides deduplicated within {args.dedup} ({args.duplicates:.0%} sent twice), ' if args.dedup else ''}"
               f"lateness {args.lateness}, "
               f"{args.partitions} partitions, trigger {args.trigger}; expected steady join state "
               f"~{expected_state:,.0f} rows (+ one batch interval)")
@@ -256,9 +271,10 @@ def main() -> None:
             states = [sum(int(o.get("numRowsTotal") or 0) for o in p.get("stateOperators") or []) for p in progress]
             mems = [sum(int(o.get("memoryUsedBytes") or 0) for o in p.get("stateOperators") or []) for p in progress]
             per_s = rows / max(ms, 1) * 1000
+            orders_s = per_s / 2 / (1 + args.duplicates)  # each order and user event is read 1 + duplicates times
             print(f"\nbatches {progress[0]['batchId']}..{progress[-1]['batchId']}: {rows:,} Kafka records in "
-                  f"{ms / 1000:.1f} s = {per_s:,.0f} records/s = {per_s / 2:,.0f} orders/s, "
-                  f"{per_s / 2 * (1 - args.unmatched):,.0f} matched pairs/s "
+                  f"{ms / 1000:.1f} s = {per_s:,.0f} records/s = {orders_s:,.0f} orders/s, "
+                  f"{orders_s * (1 - args.unmatched):,.0f} matched pairs/s "
                   f"(produced {args.rate:,}/s); join state max {max(states):,} rows, RocksDB memory max "
                   f"{max(mems) / 1e6:,.1f} MB; lag at the end {left:,} records")
         running.query.stop()
@@ -269,6 +285,8 @@ def main() -> None:
         if total == expected:
             landed = ("every order" + (", and o-close, whose watermark closed the last window" if closing else "")
                       if args.type == "left" else "all matched pairs")
+        elif total > expected:
+            landed = f"{total - expected:,} rows MORE than expected: repeats or duplicate writes"
         elif left:
             landed = f"NOT all matched pairs yet: {left:,} records still to read when the harness stopped waiting"
         else:

@@ -263,6 +263,10 @@ def test_permanent_error_message_names_table_and_fix() -> None:
     tls = describe_error(errors.NetworkError("[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: unable "
                                              "to get local issuer certificate (127.0.0.1:9440)"), "db", "t")
     assert "spec.sink.clickhouse.caSecretRef" in tls and "127.0.0.1:9440" in tls
+    # a roll-back deletes chunks: the rights named include ALTER DELETE on the data table, not only INSERT
+    denied = describe_error(errors.ServerException("bob: Not enough privileges. To execute this query it's "
+                                                   "necessary to have grant ALTER DELETE ON db.t", 497), "db", "t")
+    assert "ALTER DELETE ON `db`.`t`" in denied and "`db`.glasspipe_ledger" in denied
 
 
 # ------------------------------------------------------------------------------------ value conversion
