@@ -454,6 +454,26 @@ def test_parts_are_cut_into_chunks_named_by_their_rows_in_the_batch() -> None:
     assert [sorted(c.params[0]) for c in fake2.inserts()] == [[5], [8, 9]]
 
 
+def test_a_partial_chunk_the_user_may_not_delete_stops_the_sink_naming_the_right_and_writes_nothing() -> None:
+    """A sink user with INSERT but no ALTER DELETE: the partial chunk of a crashed batch cannot go, so the sink
+    raises a SinkError that names the right to grant, and writes no chunk over it (which would double its rows)."""
+    fake = FakeClient("18.16.1")
+    fake.chunks = {"w0/5/0-3": 2}
+    orig = fake.execute
+
+    def execute(query: str, params: Any = None, **kw: Any) -> Any:
+        if query.startswith("ALTER TABLE"):
+            raise errors.ServerException("sink: Not enough privileges. To execute this query it's necessary to "
+                                         "have grant ALTER DELETE ON default.t", 497)
+        return orig(query, params, **kw)
+
+    fake.execute = execute  # type: ignore[method-assign]
+    with pytest.raises(SinkError) as err:
+        make_sink(fake).write_batch(5, batch(4), "o5")
+    assert "ALTER DELETE ON `default`.`t`" in str(err.value) and "code 497" in str(err.value)
+    assert fake.inserts() == [] and fake.chunks == {"w0/5/0-3": 2}
+
+
 def test_parts_of_a_replay_cut_otherwise_replace_the_stale_chunks() -> None:
     """A replay split otherwise (another maxRows or Spark partitioning): stored chunks that meet a part's rows
     but are not its chunks are deleted before that part is written; those past the batch's end at the end."""
