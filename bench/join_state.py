@@ -10,7 +10,7 @@ second with event time = now, each order matching exactly one user event (``--ra
 ``--unmatched SHARE`` that share of the orders naming a user that never comes (a left join keeps each until its
 window closes and writes it with NULLs; an inner join drops it). ``--dedup WINDOW`` deduplicates both sides first,
 as examples/dedup-then-join.yaml does (orders by ``order_id``, user events by ``user_id`` and ``updated_at``), and
-``--duplicates SHARE`` then sends that share of the records of each side twice, the repeat right after.
+``--duplicates SHARE`` then sends that share of the pairs twice, the pair again right after it.
 Every 5 s it prints the query progress: input and processed rows/s, the join's state rows
 (``numRowsTotal``: 0 unless ``--conf spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows=true``,
 which the job turns off for speed) and RocksDB memory (``memoryUsedBytes``), rows landed in ClickHouse,
@@ -56,7 +56,7 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
     evenly to the others (a skewed topic). ``close_ms``: then one more matched pair (``o-close``) that far ahead,
     event time and Kafka timestamp, whose watermark passes every window of the offer: a left join then writes the
     last window's unmatched orders with NULLs too, so every order can be counted. ``duplicates``: that share of the
-    pairs (every 100, the last that many) is sent twice, each record's repeat right after it."""
+    pairs (every 100, the last that many) is sent twice, the pair again right after it."""
     from confluent_kafka import Producer
 
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 10000,
@@ -136,7 +136,7 @@ def main() -> None:
     ap.add_argument("--dedup", metavar="WINDOW", help="deduplicate both sides first within WINDOW "
                     "(examples/dedup-then-join.yaml's keys)")
     ap.add_argument("--duplicates", type=float, default=0.0,
-                    help="share of the records of each side sent twice (needs --dedup)")
+                    help="share of the pairs sent twice, the pair again right after (needs --dedup)")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--hot-share", type=float, help="share of the records on partition 0 (a skewed topic; the "
                     "rest evenly on the others); default: each on its key's partition")
