@@ -228,7 +228,7 @@ def temporal_join(
     times lie within ``window_seconds`` of each other; each pair is emitted once, when its second row
     arrives, as a row with ``side_col`` = JOIN_BOTH and both structs (``left_col``, ``right_col``). Rows
     are evicted by event-time timers once the watermark reaches ``t + window`` (an inner join's timers, a
-    bucket of keys each, up to a quarter window later); with ``left_outer`` a left row that matched
+    bucket of keys each, up to half a window later); with ``left_outer`` a left row that matched
     nothing is emitted then (side JOIN_LEFT, right struct NULL). Rows with
     ``late_col`` true, or NULL and at or below the watermark, pass through at once (late flag true)
     without entering state. The query must define a watermark upstream, but no column of ``df`` may

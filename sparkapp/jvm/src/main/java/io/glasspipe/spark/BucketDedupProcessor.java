@@ -43,10 +43,20 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
   private static final long serialVersionUID = 1L;
 
   /**
-   * The timer grid: a quarter window. A key is read about four times in its life and kept up to a quarter window
-   * past it: dedup windows are long (days) and its keys many, so the extra state counts more than the reads.
+   * The timer grid of a single source: a quarter window. A key is read about four times in its life and kept up to
+   * a quarter window past it: dedup windows are long (days) and its keys many, so the extra state counts more than
+   * the reads (and a single source that minds the reads has {@code deduplication.ownState}, without timers).
    */
   static final int GRID_PARTS = 4;
+
+  /**
+   * The timer grid of a join's side: half a window, as the join's own ({@link BucketJoinProcessor}). A key is read
+   * about twice and kept up to half a window past it. A join's side has no {@code ownState}, and there the timers'
+   * reads cost a tenth of the pairs once keys leave (docs/benchmarks.md, "A join whose sides are deduplicated
+   * first"). Only the timers' times change, not the state: a timer set on the other grid fires and the next is set
+   * on this one.
+   */
+  static final int JOIN_SIDE_GRID_PARTS = 2;
 
   private final int[] keyIndexes;
   private final StructType keySchema;
@@ -56,13 +66,13 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
 
   public BucketDedupProcessor(int[] keyIndexes, StructType keySchema, int eventTimeIndex, long windowMs,
       boolean emitDropped, int passthroughIndex, int partitionIndex, int offsetIndex,
-      LongAccumulator keysInTwoPartitions, boolean flagLate, boolean lateAtWatermark, int warmupIndex,
+      LongAccumulator keysInTwoPartitions, boolean flagLate, boolean beforeJoin, int warmupIndex,
       JudgedLate judgedLate) {
     this.keyIndexes = keyIndexes.clone();
     this.keySchema = keySchema;
     this.rule = new FirstOccurrence(eventTimeIndex, windowMs, emitDropped, passthroughIndex, partitionIndex,
-        offsetIndex, keysInTwoPartitions, flagLate, lateAtWatermark, warmupIndex, judgedLate);
-    this.gridMs = KeyBuckets.gridMs(windowMs, GRID_PARTS);
+        offsetIndex, keysInTwoPartitions, flagLate, beforeJoin, warmupIndex, judgedLate);
+    this.gridMs = KeyBuckets.gridMs(windowMs, beforeJoin ? JOIN_SIDE_GRID_PARTS : GRID_PARTS);
   }
 
   @Override
