@@ -55,8 +55,8 @@ _FIXES: dict[int, str] = {
     44: "a column of {table} has a type the values cannot go into: fix the type in the spec or the table",
     62: "glasspipe sent SQL the server cannot parse (a bug; please report it with this message)",
     115: "the server does not know a setting glasspipe sent (a bug for this version; please report it)",
-    164: "the user is read-only: grant it INSERT, SELECT and ALTER DELETE on {table} (and CREATE TABLE on "
-    "{database} for the ledger; docs/exactly-once.md lists each right)",
+    164: "the user is read-only (its profile's readonly setting): the sink's user needs INSERT, SELECT and ALTER "
+    "DELETE on {table} (and CREATE TABLE on {database} for the ledger; docs/exactly-once.md lists each right)",
     192: "unknown user: fix the user name in the Secret of spec.sink.clickhouse.userSecretRef",
     193: "wrong password: fix the password in the Secret of spec.sink.clickhouse.passwordSecretRef",
     194: "password required: set spec.sink.clickhouse.passwordSecretRef",
