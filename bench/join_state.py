@@ -80,11 +80,12 @@ def generate(bootstrap: str, orders: str, users: str, rate: int, seconds: float,
             oid = uid if k % 100 >= ghosts else f"g{k}"  # a ghost: no user event with its key
             user = f'{{"user_id":"{uid}","country":"c{k % 50}","plan":"pro","updated_at":"{now}"}}'.encode()
             order = f'{{"order_id":"o{k}","user_id":"{oid}","amount":{k % 1000},"created_at":"{now}"}}'.encode()
+            order_key = oid.encode()
             for _ in range(2 if k % 100 >= 100 - repeats else 1):
                 while True:
                     try:
                         p.produce(users, key=key, value=user, partition=part)
-                        p.produce(orders, key=oid.encode(), value=order, partition=part)
+                        p.produce(orders, key=order_key, value=order, partition=part)
                         break
                     except BufferError:
                         p.poll(0.05)
@@ -167,14 +168,15 @@ def main() -> None:
         kafka.create_topic(f"{orders}-dlq", 1)
         doc = load_example("orders-users-join.yaml")
         spec = doc["spec"]
+        dedup_keys = {s["name"]: s["deduplication"]["keys"]
+                      for s in load_example("dedup-then-join.yaml")["spec"]["sources"]}
         for s, topic in zip(spec["sources"], (orders, users), strict=True):
             s["kafka"].update(topic=topic, bootstrapServers=kafka.bootstrap)
             s["eventTime"]["allowedLateness"] = args.lateness
             if args.max_per_trigger:
                 s["kafka"]["maxOffsetsPerTrigger"] = args.max_per_trigger
             if args.dedup:
-                keys = ["order_id"] if s["name"] == "orders" else ["user_id", "updated_at"]
-                s["deduplication"] = {"keys": keys, "window": args.dedup}
+                s["deduplication"] = {"keys": dedup_keys[s["name"]], "window": args.dedup}
         spec["join"].update(window=args.window, type=args.type)
         spec["sink"]["clickhouse"].update(hosts=[f"127.0.0.1:{ch.port}"], table=table,
                                           batching={"maxDelay": args.trigger})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ssl
 
-from glasspipe_job.clickhouse.names import full_name, quote_ident
+from glasspipe_job.clickhouse.names import LEDGER_TABLE, full_name, quote_ident
 
 # ServerException codes worth waiting for: the server is overloaded, restarting, or a replica/Keeper
 # hiccups. Everything else (unknown table/column, types, auth, syntax) will fail the same way again.
@@ -39,6 +39,10 @@ TRANSIENT_CODES: frozenset[int] = frozenset(
 # Code 252 also means "Too many partitions for single INSERT block": that one never gets better.
 _PERMANENT_252 = "too many partitions"
 
+# What the sink's user needs (docs/exactly-once.md lists each statement): a roll-back deletes chunks.
+_SINK_RIGHTS = ("INSERT, SELECT, ALTER DELETE ON {table} and CREATE TABLE, INSERT, SELECT ON {database}."
+                + LEDGER_TABLE)
+
 # Permanent codes with a known fix, shown in SinkError messages.
 _MISSING_COLUMN = (
     "a column is missing in {table}: ALTER TABLE {table} ADD COLUMN ..., or fix the column names"
@@ -55,14 +59,13 @@ _FIXES: dict[int, str] = {
     44: "a column of {table} has a type the values cannot go into: fix the type in the spec or the table",
     62: "glasspipe sent SQL the server cannot parse (a bug; please report it with this message)",
     115: "the server does not know a setting glasspipe sent (a bug for this version; please report it)",
-    164: "the user is read-only (its profile's readonly setting): the sink's user needs INSERT, SELECT and ALTER "
-    "DELETE on {table} (and CREATE TABLE on {database} for the ledger; docs/exactly-once.md lists each right)",
+    164: f"the user is read-only (its profile's readonly setting): the sink's user needs {_SINK_RIGHTS} "
+    "(docs/exactly-once.md lists each right)",
     192: "unknown user: fix the user name in the Secret of spec.sink.clickhouse.userSecretRef",
     193: "wrong password: fix the password in the Secret of spec.sink.clickhouse.passwordSecretRef",
     194: "password required: set spec.sink.clickhouse.passwordSecretRef",
     195: "the user may not connect from this address: allow the Spark pods' network for it",
-    497: "access denied: GRANT INSERT, SELECT, ALTER DELETE ON {table} and CREATE TABLE, INSERT, SELECT ON "
-    "{database}.glasspipe_ledger to the sink's user (docs/exactly-once.md lists each right)",
+    497: f"access denied: GRANT {_SINK_RIGHTS} to the sink's user (docs/exactly-once.md lists each right)",
     516: "authentication failed: fix the Secrets of spec.sink.clickhouse.userSecretRef and passwordSecretRef",
 }
 
