@@ -136,6 +136,8 @@ def main() -> None:
                     help="share of the orders whose user never comes (0 to 1): a left join's pending rows")
     ap.add_argument("--dedup", metavar="WINDOW", help="deduplicate both sides first within WINDOW "
                     "(examples/dedup-then-join.yaml's keys)")
+    ap.add_argument("--own-state", action="store_true",
+                    help="the sides deduplicate in glasspipe's own state (deduplication.ownState; needs --dedup)")
     ap.add_argument("--duplicates", type=float, default=0.0,
                     help="share of the pairs sent twice, the pair again right after (needs --dedup)")
     ap.add_argument("--partitions", type=int, default=2)
@@ -149,6 +151,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.hot_share is not None and (args.partitions < 2 or not 0 <= args.hot_share <= 1):
         ap.error("--hot-share takes a share from 0 to 1 and needs --partitions 2 or more")
+    if args.own_state and not args.dedup:
+        ap.error("--own-state needs --dedup")
     if args.duplicates and not (args.dedup and 0 < args.duplicates <= 1):
         ap.error("--duplicates takes a share from 0 to 1 and needs --dedup (without it a repeat joins again)")
 
@@ -176,7 +180,8 @@ def main() -> None:
             if args.max_per_trigger:
                 s["kafka"]["maxOffsetsPerTrigger"] = args.max_per_trigger
             if args.dedup:
-                s["deduplication"] = {"keys": dedup_keys[s["name"]], "window": args.dedup}
+                s["deduplication"] = {"keys": dedup_keys[s["name"]], "window": args.dedup,
+                                      **({"ownState": True} if args.own_state else {})}
         spec["join"].update(window=args.window, type=args.type)
         spec["sink"]["clickhouse"].update(hosts=[f"127.0.0.1:{ch.port}"], table=table,
                                           batching={"maxDelay": args.trigger})

@@ -31,6 +31,9 @@ The plan, per micro-batch (one query, both topics in one offset log):
   side's Kafka batch is read and parsed once. (Until plan ``/2`` they branched off before them, and
   each topic was read and parsed twice per batch.) Duplicates are counted by an ``observe``
   (``dedup_<source>``) on the dedup output and dropped before the join.
+- A side with ``deduplication.ownState`` deduplicates in glasspipe's own store after the shuffle by key
+  (``jvm.deduplicate_per_kafka_partition``), not in ``transformWithState``; its watermark is the batch's, as the
+  driver reads it from the offset log: in a join, the minimum over both sides that the join operator also has.
 - Late rows (at or below the watermark) are not dropped by Spark: a side with deduplication flags them
   in its own JVM operator; a side without has no operator of its own (one shuffle and one state store
   fewer per batch) and the join operator flags them against the same watermark. They pass the join at
@@ -73,6 +76,7 @@ from glasspipe_job.transform import (
     REASON,
     STATUS,
     WARMUP,
+    in_own_state,
     late_reason,
     select_output,
     source_rows,
@@ -101,6 +105,10 @@ LEFT_JOIN_BUCKETS = "+left-join-buckets/2"
 # schema no longer sees the fields, so the plan names their types (fields_digest): a checkpoint written with other
 # fields is set aside and its state rebuilt from the ledger with warm-up, instead of read wrongly.
 JOIN_PACKED_ROWS = "+packed-rows/1"
+# A side with deduplication.ownState deduplicates in glasspipe's own store after the shuffle by key (the layout of
+# runner.OWN_STATE_PLAN) instead of transformWithState, which numbers Spark's state stores differently; the side, its
+# window and spark.shufflePartitions are named after it.
+JOIN_OWN_STATE_SIDES = "+own-state-sides/1"
 DEDUP_OBSERVATION = "dedup_"  # + source name: per-batch duplicates dropped on that side before the join
 
 
@@ -110,7 +118,12 @@ def join_state_plan(config: JobConfig) -> str:
     plan = JOIN_DEDUP_BUCKETS_PLAN if left.deduplication or right.deduplication else JOIN_STATE_PLAN
     assert config.spec.join is not None
     plan += JOIN_BUCKETS if config.spec.join.type == "inner" else LEFT_JOIN_BUCKETS
-    return f"{plan}{JOIN_PACKED_ROWS}:{fields_digest(left, right)}"
+    plan = f"{plan}{JOIN_PACKED_ROWS}:{fields_digest(left, right)}"
+    own = [f"{s.name}=window={parse_duration_ms(s.deduplication.window)}ms" for s in (left, right)
+           if s.deduplication is not None and in_own_state(s)]
+    if own:
+        plan += f"{JOIN_OWN_STATE_SIDES}:{','.join(own)}/partitions={config.spec.spark.shuffle_partitions}"
+    return plan
 
 
 def fields_digest(left: models.Source, right: models.Source) -> str:
@@ -141,7 +154,8 @@ def _key(i: int) -> str:
 
 
 def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], side: int,
-               left: models.Source, right: models.Source, judged_late: JudgedLateRanges) -> DataFrame:
+               left: models.Source, right: models.Source, judged_late: JudgedLateRanges,
+               state_root: str | None, shuffle_partitions: int) -> DataFrame:
     """ok and dead rows -> watermark -> (with dedup) late flagged, dedup (JVM); duplicates counted
     (observe) and dropped; fields packed in a struct named after the source (the other side's struct
     NULL), in the shape of the join operator's input. ``PASS``: true on dead and late rows, which pass
@@ -149,7 +163,8 @@ def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], s
     pass keep their Kafka coordinates and key; the others' are NULL (the join state never holds them).
     ``judged_late``: the side's warm-up rows earlier writers found late (handover.judged_late)."""
     # withWatermark(EVENT_TIME) inside; re-emitted
-    rows = source_rows(checked, source, join_keys=keys, judged_late=judged_late)
+    rows = source_rows(checked, source, join_keys=keys, judged_late=judged_late, state_root=state_root,
+                       shuffle_partitions=shuffle_partitions)
     if source.deduplication is not None:
         rows = rows.observe(DEDUP_OBSERVATION + source.name,
                             F.sum(F.when(F.col(DUPLICATE), 1).otherwise(0)).alias("duplicates"))
@@ -192,7 +207,8 @@ def check_runnable(config: JobConfig, partition_counts: Mapping[str, int]) -> No
 
 def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame], partition_counts: Mapping[str, int],
                       closed_left: Mapping[int, Sequence[tuple[int, int]]] | None = None,
-                      judged_late: Mapping[str, JudgedLateRanges] | None = None) -> DataFrame:
+                      judged_late: Mapping[str, JudgedLateRanges] | None = None,
+                      state_roots: Mapping[str, str] | None = None) -> DataFrame:
     """The joined stream with the columns BatchWriter expects (select_output).
 
     ``parsed[source.name]`` is that source's stream after ``parse_and_check`` and ``with_warmup_flag``
@@ -200,14 +216,18 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame], partit
     of each source's topic (checked for co-partitioning when there are several replicas). ``closed_left``: a left
     join's hand-over record's ``closed`` for its left topic (the warm-up rows earlier writers wrote).
     ``judged_late``: per source name, the hand-over record's ``late`` for its topic (handover.judged_late).
+    ``state_roots``: per source name, where a side with deduplication.ownState keeps its state.
     """
     join = config.spec.join
     assert join is not None
     check_runnable(config, partition_counts)
     left, right = join_sides(config)
     judged = ((judged_late or {}).get(left.name, {}), (judged_late or {}).get(right.name, {}))
-    both = (_kept_side(parsed[left.name], left, join.left.keys, JOIN_LEFT, left, right, judged[0])
-            .unionByName(_kept_side(parsed[right.name], right, join.right.keys, JOIN_RIGHT, left, right, judged[1])))
+    roots, partitions = state_roots or {}, config.spec.spark.shuffle_partitions
+    both = (_kept_side(parsed[left.name], left, join.left.keys, JOIN_LEFT, left, right, judged[0],
+                       roots.get(left.name), partitions)
+            .unionByName(_kept_side(parsed[right.name], right, join.right.keys, JOIN_RIGHT, left, right, judged[1],
+                                    roots.get(right.name), partitions)))
     out = temporal_join(
         both, [_key(i) for i in range(len(join.left.keys))], side_col=SIDE, event_time_col=EVENT_TIME,
         late_col=PASS, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,

@@ -127,6 +127,7 @@ def deduplicate_per_kafka_partition(
     warmup: Column,
     judged_late: JudgedLateRanges | None = None,
     shuffle_partitions: int = 0,
+    late_at_watermark: bool = False,
 ) -> DataFrame:
     """Deduplication as ``deduplicate_within_window`` (every row kept, flagged in ``flag_col`` and ``late_col``),
     but per Kafka partition in the first stage (``io.glasspipe.spark.PartitionDedup``): no shuffle, no sort, no
@@ -135,13 +136,14 @@ def deduplicate_per_kafka_partition(
     Late rows are flagged against the batch's watermark, which the driver sets before each batch's job
     (``set_batch_watermark``). It counts the rows it sees (``partition_dedup_counts``): ``filtered`` and ``warmup``
     are BOOLEAN columns of ``df``, a row the filter drops and a row read only to rebuild the state; a warm-up row is
-    late only as its first writer judged it (``judged_late``, as ``deduplicate_within_window`` takes it)."""
+    late only as its first writer judged it (``judged_late``, as ``deduplicate_within_window`` takes it).
+    ``late_at_watermark``: a row at the watermark is late too (a join's side, as the join counts it)."""
     if not keys:
         raise ValueError("deduplicate_per_kafka_partition needs at least one key column")
     window_ms = _positive_window_ms(window_seconds)
     return _call_static(df, PARTITION_DEDUP_ENTRY, "deduplicate", list(keys), event_time_col, window_ms, flag_col,
                         passthrough_col, partition_col, offset_col, late_col, state_root, filtered._jc, warmup._jc,
-                        judged_late_text(judged_late or {}), shuffle_partitions)
+                        judged_late_text(judged_late or {}), shuffle_partitions, late_at_watermark)
 
 
 def partition_dedup_counts(spark: Any, state_root: str) -> dict[str, int]:

@@ -232,9 +232,9 @@ def state_plan(config: JobConfig) -> str:
 
 
 def own_state_by_key(config: JobConfig) -> bool:
-    """Whether the single source deduplicates in glasspipe's own state after the shuffle by key (ownState)."""
-    return config.spec.join is None and in_own_state(config.spec.sources[0]) and not per_kafka_partition(
-        config.spec.sources[0])
+    """Whether a source deduplicates in glasspipe's own state after the shuffle by key (ownState): a single source,
+    or a join's side."""
+    return any(in_own_state(s) and not per_kafka_partition(s) for s in config.spec.sources)
 
 
 def start_query(spark: SparkSession, stream: DataStreamWriter, sorted_stream: bool) -> StreamingQuery:
@@ -286,7 +286,8 @@ def output_stream(spark: SparkSession, config: JobConfig, assignments: list[Sour
     return build_join_stream(config, parsed,
                              {a.source.name: len(a.group.partitions(a.source.kafka.topic)) for a in assignments},
                              decision.closed.get(left_topic, {}),
-                             {a.source.name: decision.late.get(a.source.kafka.topic, {}) for a in assignments})
+                             {a.source.name: decision.late.get(a.source.kafka.topic, {}) for a in assignments},
+                             {a.source.name: partition_dedup_root(config, a.source) for a in assignments})
 
 
 def partition_dedup_root(config: JobConfig, source: models.Source) -> str:

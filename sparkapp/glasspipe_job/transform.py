@@ -320,7 +320,7 @@ def late_reason(source: models.Source, joined: bool = False) -> Column:
 
 
 def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str],
-               judged_late: JudgedLateRanges | None) -> DataFrame:
+               judged_late: JudgedLateRanges | None, state_root: str | None, shuffle_partitions: int) -> DataFrame:
     """One join side's ok and dead rows behind the watermark, in the shape the join reads.
 
     Dead rows (``DEAD``) go through the join too, untouched, so each topic is read and parsed once per
@@ -331,6 +331,11 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str],
     dead-letter topic instead, with the reason join.py writes. Dead rows have no event time, so they
     never move the watermark. ``judged_late``: as ``deduplicate`` takes it (a side without deduplication hands it to
     the join operator instead).
+
+    With deduplication.ownState the operator is glasspipe's own after the shuffle by key
+    (``jvm.deduplicate_per_kafka_partition``, its state under ``state_root`` in ``shuffle_partitions`` stores), and
+    it judges lateness against the batch's watermark as the driver hands it over: the offset log's, the same
+    minimum over both sides that the join operator is given.
     """
     lateness_ms = parse_duration_ms(source.event_time.allowed_lateness)
     df = with_dead_flag(df).withWatermark(EVENT_TIME, f"{lateness_ms} milliseconds")
@@ -338,6 +343,17 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str],
     if dedup is None:
         return (df.withColumn(DUPLICATE, F.lit(False)).withColumn(LATE, F.lit(None).cast("boolean"))
                 .withColumn(EVENT_TIME, _without_watermark_mark(F.col(EVENT_TIME))))
+    if in_own_state(source):
+        from glasspipe_job.jvm import deduplicate_per_kafka_partition
+
+        if state_root is None or shuffle_partitions < 1:
+            raise ValueError("deduplication.ownState on a join's side needs a state root and shuffle partitions")
+        out = deduplicate_per_kafka_partition(
+            df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000, flag_col=DUPLICATE,
+            late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition", offset_col="_gp_offset",
+            state_root=state_root, filtered=F.lit(False), warmup=F.col(WARMUP), judged_late=judged_late,
+            shuffle_partitions=shuffle_partitions, late_at_watermark=True)
+        return out.withColumn(EVENT_TIME, _without_watermark_mark(F.col(EVENT_TIME)))
     from glasspipe_job.jvm import flag_late_before_join
 
     # the operator's EVENT_TIME comes out as a copy without the mark
@@ -373,7 +389,8 @@ def source_rows(parsed: DataFrame, source: models.Source, *, join_keys: Sequence
                            shuffle_partitions=shuffle_partitions)
     rows = observe_counts(parsed, INPUT_OBSERVATION + source.name)
     if join_keys is not None:
-        return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys, judged_late)
+        return _join_side(rows.where(F.col(STATUS) != "filtered"), source, join_keys, judged_late, state_root,
+                          shuffle_partitions)
     return deduplicate(rows, source, dead_letter_late=True, state_root=state_root, judged_late=judged_late)
 
 

@@ -144,9 +144,6 @@ INVALID = [
     ("negative-replicas", "sms-dedup.yaml", _set("spec.replicas", -1), "spec.replicas"),
     ("empty-spark-image", "sms-dedup.yaml", _set("spec.spark.image", ""), "spec.spark.image"),
     ("missing-checkpoint", "sms-dedup.yaml", _set("spec.checkpoint", _DELETE), "checkpoint"),
-    ("own-state-in-a-join", "orders-users-join.yaml", _set("spec.sources.1.deduplication", {
-        "keys": ["user_id"], "window": "5m", "ownState": True}),
-     "deduplication.ownState is not for a joined source: remove it or the join"),
     ("per-kafka-partition-in-a-join", "orders-users-join.yaml", _set("spec.sources.0.deduplication", {
         "keys": ["order_id"], "window": "5m", "perKafkaPartition": True}),
      "deduplication.perKafkaPartition is not for a joined source: remove it or the join"),

@@ -55,7 +55,7 @@ class Join:
                  partitions: int = 2,
                  max_per_trigger: int | None = None,
                  extra_columns: list[dict[str, str]] | None = None, without_dedup: Sequence[str] = (),
-                 **batching: Any) -> None:
+                 own_state: Sequence[str] = (), **batching: Any) -> None:
         suffix = uuid.uuid4().hex[:8]
         self.kafka, self.ch, self.tmp = kafka, ch, tmp_path
         self.orders, self.users, self.table = f"orders-{suffix}", f"users-{suffix}", f"enriched_{suffix}"
@@ -72,6 +72,8 @@ class Join:
         for s in spec["sources"]:
             if s["name"] in without_dedup:
                 del s["deduplication"]
+            elif s["name"] in own_state:
+                s["deduplication"]["ownState"] = True
         if lateness:
             for s in spec["sources"]:
                 s["eventTime"]["allowedLateness"] = lateness
@@ -234,11 +236,14 @@ def kill_repeatedly(j: Join, rng: random.Random, total: int, wanted_kills: int =
     return counts
 
 
+@pytest.mark.parametrize("own_state", [(), ("orders", "users")], ids=["default", "own-state"])
 def test_sigkill_at_random_moments_joined_output_exact(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, own_state: tuple[str, ...]
 ) -> None:
+    """An inner join of deduplicated sides (in Spark's transformWithState, or in glasspipe's own state),
+    SIGKILLed six times: every order once."""
     j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml", join_type="inner", partitions=2,
-             max_per_trigger=600, maxRows=500, maxDelay="200ms")
+             max_per_trigger=600, maxRows=500, own_state=own_state, maxDelay="200ms")
     rng = random.Random(7)
     n_orders, n_users = 12_000, 2_000
     users = [user(f"u{i}", f"c{i % 7}", T0 + timedelta(milliseconds=150 * i)) for i in range(n_users)]
@@ -259,15 +264,17 @@ def test_sigkill_at_random_moments_joined_output_exact(
     assert landed == expected
 
 
+@pytest.mark.parametrize("own_state", [(), ("users",)], ids=["default", "users-in-own-state"])
 def test_sigkill_at_random_moments_left_join_output_exact(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, own_state: tuple[str, ...]
 ) -> None:
     """A left join with a 10 s window and 30 s lateness over 5 minutes of event time, SIGKILLed six times:
     orders whose user never comes are emitted with NULLs while the stream runs (their windows close
     mid-stream, so kills fall between a key's pending timer and its bucket's sweep), each exactly once, and
-    every matched order once with its own user's country."""
+    every matched order once with its own user's country. Also with one side deduplicated in own state and the
+    other in transformWithState, each judging lateness by the same watermark."""
     j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml", join_type="left", join_window="10s",
-             lateness="30s", partitions=2, max_per_trigger=600, maxRows=500, maxDelay="200ms")
+             lateness="30s", partitions=2, max_per_trigger=600, maxRows=500, own_state=own_state, maxDelay="200ms")
     rng = random.Random(11)
     n_orders, n_users = 12_000, 2_000
     users = [user(f"u{i}", f"c{i % 7}", T0 + timedelta(milliseconds=150 * i)) for i in range(n_users)]
@@ -298,18 +305,22 @@ def test_sigkill_at_random_moments_left_join_output_exact(
     assert mid > 0, "no unmatched order was emitted while the job was being killed: the test proves less"
 
 
-@pytest.mark.parametrize("dedup_on", [("orders", "users"), ("orders",), ()], ids=["both", "left-only", "none"])
+@pytest.mark.parametrize(("dedup_on", "own_state"), [(("orders", "users"), ()), (("orders",), ()), ((), ()),
+                                                     (("orders", "users"), ("orders", "users"))],
+                         ids=["both", "left-only", "none", "both-in-own-state"])
 def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
-    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, dedup_on: tuple[str, ...]
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, dedup_on: tuple[str, ...],
+    own_state: tuple[str, ...]
 ) -> None:
     """Issue #14: a join used to drop late records with only a counter. Now every record of a join
     pipeline ends written or dead-lettered with a reason, late ones too, on both sides (deduplicated
     ones included), and a late record neither matches nor disturbs the matches of the others.
 
     A side with deduplication flags its late rows in its own operator; a side without has none and
-    the join operator flags them: each side either way, and one of each (left-only)."""
+    the join operator flags them: each side either way, and one of each (left-only). A side deduplicating in
+    own state judges them by the watermark the driver hands it, a row at the watermark late as the join has it."""
     j = Join(tmp_path, kafka, clickhouse, "dedup-then-join.yaml",  # a left join
-             without_dedup=[s for s in ("orders", "users") if s not in dedup_on])
+             without_dedup=[s for s in ("orders", "users") if s not in dedup_on], own_state=own_state)
     orders_dedup = "orders" in dedup_on
     future = T0.replace(year=2099)
     orders = [order(f"o{i:02d}", f"u{i % 5}", T0 + timedelta(minutes=i)) for i in range(20)]

@@ -12,6 +12,7 @@ from glasspipe_job.config import config_from_resource, load_job_config
 from glasspipe_job.join import (
     JOIN_BUCKETS,
     JOIN_DEDUP_BUCKETS_PLAN,
+    JOIN_OWN_STATE_SIDES,
     JOIN_PACKED_ROWS,
     JOIN_STATE_PLAN,
     LEFT_JOIN_BUCKETS,
@@ -110,3 +111,22 @@ def test_deduplication_in_own_state_records_its_engine_window_and_shuffle_partit
     doc["spec"].setdefault("spark", {})["shufflePartitions"] = 4
     four = state_plan(load_job_config(config_from_resource(doc, 0, 1)))
     assert four == "dedup-own-state/1/window=300000ms/partitions=4"
+
+
+def test_a_joins_side_in_own_state_records_its_window_and_shuffle_partitions() -> None:
+    """A side deduplicating in own state has no transformWithState of its own (Spark numbers the join's store
+    differently) and keeps its keys by fractions of its window in a store per shuffle partition: each of those is
+    another state. A join without it keeps the plan it had, so its checkpoints resume."""
+    def plan(**own: Any) -> str:
+        doc = yaml.safe_load((ROOT / "examples" / "dedup-then-join.yaml").read_text())
+        for s in doc["spec"]["sources"]:
+            s["deduplication"].update(own.get(s["name"], {}))
+        return state_plan(load_job_config(config_from_resource(doc, 0, 1)))
+
+    default = plan()
+    assert JOIN_OWN_STATE_SIDES not in default and default.startswith(JOIN_DEDUP_BUCKETS_PLAN + LEFT_JOIN_BUCKETS)
+    users = plan(users={"ownState": True})
+    assert users == f"{default}{JOIN_OWN_STATE_SIDES}:users=window=3600000ms/partitions=2", users
+    both = plan(orders={"ownState": True}, users={"ownState": True})
+    assert both.endswith(":orders=window=3600000ms,users=window=3600000ms/partitions=2"), both
+    assert len({default, users, both, plan(users={"ownState": True, "window": "8h"})}) == 4

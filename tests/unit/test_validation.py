@@ -278,15 +278,20 @@ def test_every_security_setting_is_accepted() -> None:
         assert validate_resource(doc)[0].sources[0].kafka.security.protocol == protocol
 
 
-@pytest.mark.parametrize(("source", "keys", "option"), [(0, ["order_id"], "perKafkaPartition"),
-                                                        (1, ["user_id"], "ownState")])
-def test_own_state_deduplication_is_not_for_a_join(source: int, keys: list[str], option: str) -> None:
-    """Both options keep glasspipe's own state, which a join's sides do not use."""
+def test_per_kafka_partition_deduplication_is_not_for_a_join() -> None:
+    """A join's side deduplicates by key across its topic's partitions (its key need not be the topic's)."""
     doc = load("orders-users-join.yaml")
-    doc["spec"]["sources"][source]["deduplication"] = {"keys": keys, "window": "5m", option: True}
+    doc["spec"]["sources"][0]["deduplication"] = {"keys": ["order_id"], "window": "5m", "perKafkaPartition": True}
     [msg] = problems_of(doc)
-    assert msg.startswith(f"spec.sources[{source}].deduplication.{option}: is not for a joined source")
+    assert msg.startswith("spec.sources[0].deduplication.perKafkaPartition: is not for a joined source")
     assert "remove it or the join" in msg
+
+
+def test_own_state_deduplication_is_valid_on_a_join_side() -> None:
+    doc = load("dedup-then-join.yaml")
+    doc["spec"]["sources"][1]["deduplication"]["ownState"] = True
+    spec, _ = validate_resource(doc)
+    assert [s.deduplication is not None and s.deduplication.own_state for s in spec.sources] == [False, True]
 
 
 def test_own_state_deduplication_is_valid_alone() -> None:

@@ -297,7 +297,8 @@ class Deduplication(ApiModel):
         "transformWithState: exact on any topic, 8-26 % less CPU an event, and it keeps up where Spark's "
         "engine falls behind once keys expire. Within a micro-batch a key's "
         "records are taken in event-time order. A record written because it lies more than a window before its "
-        "key's first one is remembered too. Changing it rebuilds the state from the topic. Not with a join.",
+        "key's first one is remembered too. Changing it rebuilds the state from the topic. On a join's side "
+        "too.",
     )
 
 
@@ -523,9 +524,6 @@ class GlassPipelineSpec(ApiModel):
             ("!has(self.join) || self.sources.all(s, !has(s.deduplication) || "
              "!has(s.deduplication.perKafkaPartition) || !s.deduplication.perKafkaPartition)",
              "deduplication.perKafkaPartition is not for a joined source: remove it or the join"),
-            ("!has(self.join) || self.sources.all(s, !has(s.deduplication) || "
-             "!has(s.deduplication.ownState) || !s.deduplication.ownState)",
-             "deduplication.ownState is not for a joined source: remove it or the join"),
             ("has(self.join) == has(oldSelf.join)",
              "join cannot be added or removed: it changes the checkpointed state"),
         )

@@ -292,10 +292,6 @@ class _Checker:
                 self.add(f"spec.sources[{i}].deduplication.perKafkaPartition",
                          "is not for a joined source (the join's sides deduplicate by key across partitions): "
                          "remove it or the join")
-            if source.deduplication is not None and source.deduplication.own_state:
-                self.add(f"spec.sources[{i}].deduplication.ownState",
-                         "is not for a joined source (the join's sides deduplicate in Spark's transformWithState): "
-                         "remove it or the join")
 
     # -- columns
 

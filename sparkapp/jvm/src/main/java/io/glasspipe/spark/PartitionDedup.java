@@ -81,6 +81,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * Kafka partition, offset), an order a replayed batch repeats whatever order the shuffle delivered them in; then
  * the store partition is the shuffle partition, and a key's first time is kept with its Kafka partition and offset.
  * That leaves out {@code transformWithState}'s sort by key, its {@code Row}s, its timers and Spark's key encoders.
+ * So it also deduplicates a join's side, behind that side's watermark (Spark's global watermark is still the
+ * offset log's, the one the driver hands over), with a row at the watermark late as the join counts it.
  */
 public final class PartitionDedup {
   private PartitionDedup() {}
@@ -141,11 +143,13 @@ public final class PartitionDedup {
    *     writer that read it first judged it ({@code judgedLate}, {@link JudgedLate})
    * @param shufflePartitions 0: per Kafka partition, in the first stage; else after the shuffle by key into that
    *     many partitions (a store each)
+   * @param lateAtWatermark a row at the watermark is late too: before a join, which counts it so (a single source
+   *     follows Spark's rule, late below it)
    */
   public static Dataset<Row> deduplicate(
       Dataset<Row> input, List<String> keys, String eventTimeCol, long windowMs, String flagCol,
       String passthroughCol, String partitionCol, String offsetCol, String lateCol, String stateRoot,
-      Column filtered, Column warmup, String judgedLate, int shufflePartitions) {
+      Column filtered, Column warmup, String judgedLate, int shufflePartitions, boolean lateAtWatermark) {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("at least one key column is needed");
     }
@@ -184,7 +188,7 @@ public final class PartitionDedup {
         sc.longAccumulator("glasspipe keys in two partitions"));
     COUNTS.put(stateRoot, counts);
     Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs, counts,
-        JudgedLate.parse(judgedLate), shufflePartitions > 0));
+        JudgedLate.parse(judgedLate), shufflePartitions > 0, lateAtWatermark));
     Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
         .toArray(Column[]::new));
     Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
@@ -203,7 +207,8 @@ public final class PartitionDedup {
 
   /** What every task needs: fixed when the query's plan is made. */
   record Plan(String stateRoot, UUID runId, StateStoreConf storeConf, Broadcast<SerializableConfiguration> hadoopConf,
-      long windowMs, RowCounts counts, JudgedLate judgedLate, boolean shuffled) implements Serializable {
+      long windowMs, RowCounts counts, JudgedLate judgedLate, boolean shuffled, boolean lateAtWatermark)
+      implements Serializable {
     Configuration hadoop() {
       return hadoopConf.value().value();
     }
@@ -253,7 +258,8 @@ public final class PartitionDedup {
         started = true;
       }
       long t = Math.floorDiv(micros, 1000L);
-      if (warmup ? plan.judgedLate().wasLate(partition, offset, t) : t < watermark) {
+      if (warmup ? plan.judgedLate().wasLate(partition, offset, t)
+          : t < watermark || plan.lateAtWatermark() && t == watermark) {
         return LATE;
       }
       int store = plan.shuffled() ? TaskContext.getPartitionId() : partition;
