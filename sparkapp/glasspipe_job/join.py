@@ -166,8 +166,10 @@ def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], s
     rows = source_rows(checked, source, join_keys=keys, judged_late=judged_late, state_root=state_root,
                        shuffle_partitions=shuffle_partitions)
     if source.deduplication is not None:
+        # a warm-up row's repeat was counted by the writer that read it first, as a single source's is
+        repeat = F.col(DUPLICATE) & ~F.coalesce(F.col(WARMUP), F.lit(False))
         rows = rows.observe(DEDUP_OBSERVATION + source.name,
-                            F.sum(F.when(F.col(DUPLICATE), 1).otherwise(0)).alias("duplicates"))
+                            F.sum(F.when(repeat, 1).otherwise(0)).alias("duplicates"))
         rows = rows.where(~F.col(DUPLICATE))
     own = F.struct(*[F.col(f.name) for f in source.schema_.fields])
 
