@@ -58,6 +58,17 @@ def test_examples_are_accepted_and_defaulted(api: KubeAPIServer, path: Path) -> 
     assert "image" not in spec["spark"]
 
 
+def test_a_joins_sides_may_deduplicate_in_own_state(api: KubeAPIServer) -> None:
+    """The API server takes deduplication.ownState on both sides of a join (it refused it before 2026-12-01)."""
+    doc = example("dedup-then-join.yaml")
+    doc["metadata"]["name"] = "join-own-state"
+    for s in doc["spec"]["sources"]:
+        s["deduplication"]["ownState"] = True
+    apply(api, doc, check=True)
+    got = json.loads(api.kubectl("get", "gp", "join-own-state", "-n", NS, "-o", "json").stdout)
+    assert [s["deduplication"]["ownState"] for s in got["spec"]["sources"]] == [True, True]
+
+
 def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     def mutate(doc: dict[str, Any]) -> None:
         node: Any = doc
