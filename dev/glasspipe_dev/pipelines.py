@@ -122,6 +122,11 @@ def totals(stdout: str) -> str:
     return lines[-1] if lines else ""
 
 
+def duplicates_dropped(summary: str) -> int:
+    """The ``duplicates dropped N`` of a ``totals`` line."""
+    return int(summary.split("duplicates dropped ")[1].split(",")[0])
+
+
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
             partition_of: Any = None, timestamp_of: Any = None) -> int:
     """Produce (key, value) records; keys go to partitions by Kafka's default hashing unless told, with the

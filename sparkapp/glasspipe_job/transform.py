@@ -284,20 +284,16 @@ def deduplicate(df: DataFrame, source: models.Source, dead_letter_late: bool = F
     df = with_dead_flag(df)
     if source.deduplication is None:
         return df.withColumn(DUPLICATE, F.lit(False))
-    from glasspipe_job.jvm import deduplicate_per_kafka_partition, deduplicate_within_window
-
-    window_s = parse_duration_ms(source.deduplication.window) / 1000
     if partitioned:
         assert state_root is not None  # checked above
-        out = deduplicate_per_kafka_partition(df, list(source.deduplication.keys), EVENT_TIME, window_s,
-                                              flag_col=DUPLICATE, passthrough_col=DEAD, late_col=LATE,
-                                              partition_col="_gp_partition", offset_col="_gp_offset",
-                                              state_root=state_root, filtered=F.col(STATUS) == "filtered",
-                                              warmup=F.col(WARMUP), judged_late=judged_late,
-                                              shuffle_partitions=0 if per_kafka_partition(source)
-                                              else shuffle_partitions)
+        out = _in_own_state(df, source.deduplication, state_root, judged_late,
+                            0 if per_kafka_partition(source) else shuffle_partitions,
+                            filtered=F.col(STATUS) == "filtered", late_at_watermark=False)
         out = out.where(F.col(STATUS) != "filtered")
     else:
+        from glasspipe_job.jvm import deduplicate_within_window
+
+        window_s = parse_duration_ms(source.deduplication.window) / 1000
         out = deduplicate_within_window(df, list(source.deduplication.keys), EVENT_TIME, window_s,
                                         flag_col=DUPLICATE, passthrough_col=DEAD,
                                         partition_col="_gp_partition", offset_col="_gp_offset",
@@ -344,15 +340,11 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str],
         return (df.withColumn(DUPLICATE, F.lit(False)).withColumn(LATE, F.lit(None).cast("boolean"))
                 .withColumn(EVENT_TIME, _without_watermark_mark(F.col(EVENT_TIME))))
     if in_own_state(source):
-        from glasspipe_job.jvm import deduplicate_per_kafka_partition
-
         if state_root is None or shuffle_partitions < 1:
             raise ValueError("deduplication.ownState on a join's side needs a state root and shuffle partitions")
-        out = deduplicate_per_kafka_partition(
-            df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000, flag_col=DUPLICATE,
-            late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition", offset_col="_gp_offset",
-            state_root=state_root, filtered=F.lit(False), warmup=F.col(WARMUP), judged_late=judged_late,
-            shuffle_partitions=shuffle_partitions, late_at_watermark=True)
+        # the join dropped the filtered rows before; it counts a row at the watermark late
+        out = _in_own_state(df, dedup, state_root, judged_late, shuffle_partitions, filtered=F.lit(False),
+                            late_at_watermark=True)
         return out.withColumn(EVENT_TIME, _without_watermark_mark(F.col(EVENT_TIME)))
     from glasspipe_job.jvm import flag_late_before_join
 
@@ -361,6 +353,20 @@ def _join_side(df: DataFrame, source: models.Source, join_keys: Sequence[str],
         df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000,
         flag_col=DUPLICATE, late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition",
         offset_col="_gp_offset", warmup_col=WARMUP, judged_late=judged_late)
+
+
+def _in_own_state(df: DataFrame, dedup: models.Deduplication, state_root: str, judged_late: JudgedLateRanges | None,
+                  shuffle_partitions: int, *, filtered: Column, late_at_watermark: bool) -> DataFrame:
+    """glasspipe's own deduplication operator (``jvm.deduplicate_per_kafka_partition``) on the job's columns: a
+    single source's (``deduplicate``) and a join side's (``_join_side``) differ only in ``filtered`` and
+    ``late_at_watermark``; ``shuffle_partitions`` 0 keeps each Kafka partition's rows where they are."""
+    from glasspipe_job.jvm import deduplicate_per_kafka_partition
+
+    return deduplicate_per_kafka_partition(
+        df, list(dedup.keys), EVENT_TIME, parse_duration_ms(dedup.window) / 1000, flag_col=DUPLICATE,
+        late_col=LATE, passthrough_col=DEAD, partition_col="_gp_partition", offset_col="_gp_offset",
+        state_root=state_root, filtered=filtered, warmup=F.col(WARMUP), judged_late=judged_late,
+        shuffle_partitions=shuffle_partitions, late_at_watermark=late_at_watermark)
 
 
 def _without_watermark_mark(event_time: Column) -> Column:

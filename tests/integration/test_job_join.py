@@ -23,6 +23,7 @@ from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import (
     consume_all,
     dumps,
+    duplicates_dropped,
     group_lag,
     load_example,
     produce,
@@ -197,7 +198,7 @@ def test_dedup_then_join_writes_no_duplicate_joined_rows_and_dead_letters_both_s
     got = clickhouse.client().execute(f"SELECT count(), uniqExact(order_id), countIf(country != 'NL') "
                                       f"FROM {j.table}")[0]
     assert got == (100, 100, 0), (first, second)
-    dropped = sum(int(s.split("duplicates dropped ")[1].split(",")[0]) for s in (first, second))
+    dropped = sum(duplicates_dropped(s) for s in (first, second))
     assert dropped == 30 + 10, (first, second)
     dead = consume_all(kafka.bootstrap, j.dlq, expected=3)
     by_topic = sorted((dict(m.headers())["glasspipe.source.topic"].decode(),
@@ -552,7 +553,7 @@ def test_a_join_rescaled_1_2_1_writes_each_order_once(
             done = run_to_end(j.path, kafka.bootstrap, ch, j.ckpt, "--replica", str(replica), "--replicas",
                               str(replicas))
             print(f"layout {replica}/{replicas}: {totals(done.stdout)}")
-            dropped += int(totals(done.stdout).split("duplicates dropped ")[1].split(",")[0])
+            dropped += duplicates_dropped(totals(done.stdout))
         nulls.append(clickhouse.client().execute(f"SELECT countIf(country IS NULL) FROM {j.table}")[0][0])
     if join_type == "inner":
         want = {o: c for o, c in want.items() if c is not None}

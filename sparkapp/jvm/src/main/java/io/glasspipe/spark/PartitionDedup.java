@@ -227,6 +227,7 @@ public final class PartitionDedup {
     private final Plan plan;
     private transient PartitionState state;
     private transient long watermark;
+    private transient long lateBefore; // the watermark, or past it where a row at it is late (lateAtWatermark)
     private transient boolean started;
 
     Flagger(Plan plan) {
@@ -255,11 +256,12 @@ public final class PartitionDedup {
       }
       if (!started) {
         watermark = batchWatermark();
+        lateBefore = plan.lateAtWatermark() ? watermark + 1 : watermark;
         started = true;
       }
       long t = Math.floorDiv(micros, 1000L);
       if (warmup ? plan.judgedLate().wasLate(partition, offset, t)
-          : t < watermark || plan.lateAtWatermark() && t == watermark) {
+          : t < lateBefore) {
         return LATE;
       }
       int store = plan.shuffled() ? TaskContext.getPartitionId() : partition;
