@@ -15,6 +15,7 @@ collapsed stacks there; ``--jfr DIR`` records the JVM with Java Flight Recorder 
 ``bench/profile_summary.py``).
 
     python bench/bulk.py --events 200000 --runs 2 --baseline /tmp/gp-main
+    python bench/bulk.py --events 1000000 --runs 3 --own-state --keep-digits 5 --baseline /tmp/gp-main
 """
 
 from __future__ import annotations
@@ -61,10 +62,21 @@ def make_events(n: int, rate: float) -> tuple[list[tuple[bytes, bytes]], int]:
     return out, w.firsts
 
 
-def pipeline(tmp: Path, topic: str, name: str, max_rows: int, max_offsets: int,
-             spark_conf: dict[str, str]) -> Path:
-    return sms_dedup_pipeline(tmp, name, topic, max_offsets=max_offsets, max_rows=max_rows, seq_field=True,
-                              spark_conf=spark_conf)
+def pipeline(tmp: Path, topic: str, name: str, args: argparse.Namespace, spark_conf: dict[str, str]) -> Path:
+    return sms_dedup_pipeline(tmp, name, topic, max_offsets=args.max_offsets, max_rows=args.max_rows, seq_field=True,
+                              spark_conf=spark_conf, own_state=args.own_state,
+                              source_filter=keep_filter(args.keep_digits))
+
+
+def keep_filter(digits: int | None) -> str | None:
+    """The source filter of ``--keep-digits``: keeps a key whose last digit is below ``digits`` (the same for its
+    first occurrence and its repeats), so that 10 - ``digits`` tenths of the records are filtered out."""
+    return None if digits is None else f"substring(sms_id, -1, 1) < '{digits}'"
+
+
+def kept(key: bytes, digits: int | None) -> bool:
+    """What ``keep_filter(digits)`` keeps."""
+    return digits is None or key[-1:] < str(digits).encode()
 
 
 def hot_partition(key: bytes, share: float) -> int:
@@ -123,7 +135,7 @@ def run_once(label: str, code: Path, tmp: Path, kafka: KafkaServer, ch: ClickHou
              firsts: int, args: argparse.Namespace, spark_conf: dict[str, str],
              extra_env: dict[str, str]) -> dict[str, Any]:
     name = f"bulk-{label}-{uuid.uuid4().hex[:6]}"
-    path = pipeline(tmp, topic, name, args.max_rows, args.max_offsets, spark_conf)
+    path = pipeline(tmp, topic, name, args, spark_conf)
     argv = run_argv(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{name}", "--available-now")
     if args.profile:
         out = Path(args.profile) / f"{name}.txt"
@@ -193,6 +205,10 @@ def main() -> int:
     p.add_argument("--profile", help="directory for py-spy's collapsed stacks of each run")
     p.add_argument("--jfr", help="directory for Java Flight Recordings of each run (JVM profile; read with "
                    "bench/profile_summary.py)")
+    p.add_argument("--own-state", action="store_true", help="deduplication.ownState (glasspipe's own state after "
+                   "the shuffle by key) instead of the default engine")
+    p.add_argument("--keep-digits", type=int, choices=range(0, 11), metavar="0-10",
+                   help="a source filter that keeps the keys whose last digit is below this (5: half the records)")
     p.add_argument("--hot-share", type=float, help="share of the keys on partition 0, the rest evenly on the "
                    "other 3 (a skewed topic); default: Kafka's hashing of the key")
     args = p.parse_args()
@@ -206,12 +222,15 @@ def main() -> int:
         kafka.create_topic(topic, 4)
         kafka.create_topic(f"{topic}-dlq", 1)
         events, firsts = make_events(args.events, 10_000)
+        landing = len({key for key, _ in events if kept(key, args.keep_digits)})  # first occurrences kept
         t = time.monotonic()
         produce(kafka.bootstrap, topic, events, partition_of=None if args.hot_share is None else
                 functools.partial(hot_partition, share=args.hot_share))
         print(f"produced {args.events} events ({args.events - firsts} repeats) to 4 partitions"
               f"{'' if args.hot_share is None else f' ({args.hot_share:.0%} on partition 0)'} in "
-              f"{time.monotonic() - t:.1f} s; machine: {os.cpu_count()} cores", flush=True)
+              f"{time.monotonic() - t:.1f} s; machine: {os.cpu_count()} cores"
+              f"{'' if args.keep_digits is None else f'; the filter keeps {landing} of {firsts} first occurrences'}",
+              flush=True)
         variants: list[tuple[str, Path, dict[str, str], dict[str, str]]] = [("this", REPO, {}, {})]
         if args.baseline:
             variants.append(("baseline", args.baseline.resolve(), {}, {}))
@@ -219,7 +238,7 @@ def main() -> int:
         results: dict[str, list[dict[str, Any]]] = {label: [] for label, *_ in variants}
         for _ in range(args.runs):
             for label, code, conf, env in variants:
-                results[label].append(run_once(label, code, tmp, kafka, ch, topic, args.events, firsts, args,
+                results[label].append(run_once(label, code, tmp, kafka, ch, topic, args.events, landing, args,
                                                conf, env))
         for label, rs in results.items():
             walls = sorted(r["wall"] for r in rs)

@@ -49,7 +49,8 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
                        spark_conf: dict[str, str] | None = None, window: str | None = None,
                        extra_columns: list[dict[str, str]] | None = None,
                        order_by: list[str] | None = None, dedup: bool = True,
-                       per_kafka_partition: bool = False, own_state: bool = False) -> Path:
+                       per_kafka_partition: bool = False, own_state: bool = False,
+                       source_filter: str | None = None) -> Path:
     """examples/sms-dedup.yaml on ``topic`` into table ``name`` (dashes as underscores), dead letters to
     ``<topic>-dlq``: the pipeline the benchmarks and soak run; ``seq_field`` adds a ``seq`` long column.
     ``extra_columns``: sink columns after one per field, e.g. ``{"name": "sent_ms", "expression":
@@ -57,7 +58,7 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
     ``order_by``: the table's sorting key (default: the deduplication key). ``dedup=False``: the source without its
     ``deduplication`` (the CRD allows that; the plan is then stateless), for the benchmarks' baselines;
     ``per_kafka_partition``: its ``deduplication.perKafkaPartition`` (the topic must be partitioned by the key);
-    ``own_state``: its ``deduplication.ownState``."""
+    ``own_state``: its ``deduplication.ownState``; ``source_filter``: the source's filter (a Spark SQL predicate)."""
     doc = load_example("sms-dedup.yaml")
     doc["metadata"]["name"] = name
     spec = doc["spec"]
@@ -78,6 +79,8 @@ def sms_dedup_pipeline(directory: Path, name: str, topic: str, *, max_rows: int,
         source["deduplication"]["perKafkaPartition"] = True
     if own_state:
         source["deduplication"]["ownState"] = True
+    if source_filter is not None:
+        source["filter"] = source_filter
     if not dedup:
         del source["deduplication"]
     if order_by is not None:

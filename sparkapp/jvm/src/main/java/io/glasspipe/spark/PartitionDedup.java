@@ -38,6 +38,7 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
 import org.apache.spark.sql.functions;
 import org.apache.spark.sql.types.AbstractDataType;
+import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
 import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
@@ -138,7 +139,8 @@ public final class PartitionDedup {
    * nondeterministic, so that Spark evaluates it once a row, in the rows' order.
    *
    * @param stateRoot where the stores keep their checkpoints (a folder of the query's checkpoint)
-   * @param filtered true for a row the source's filter drops (it has no event time), counted only
+   * @param filtered true for a row the source's filter drops (it has no event time), counted only (with
+   *     {@code shufflePartitions}, counted and dropped before the shuffle: not in the result)
    * @param warmup true for a row read again to rebuild the state (counted apart); such a row is late only as the
    *     writer that read it first judged it ({@code judgedLate}, {@link JudgedLate})
    * @param shufflePartitions 0: per Kafka partition, in the first stage; else after the shuffle by key into that
@@ -163,9 +165,18 @@ public final class PartitionDedup {
       throw new IllegalArgumentException("shufflePartitions must be 0 (per Kafka partition) or more, got "
           + shufflePartitions);
     }
-    // a key's rows to one task, in an order a replay repeats
-    Dataset<Row> df = shufflePartitions == 0 ? input
-        : input.repartition(shufflePartitions, keys.stream().map(input::col).toArray(Column[]::new))
+    SparkContext sc = input.sparkSession().sparkContext();
+    RowCounts counts = new RowCounts(sc.longAccumulator("glasspipe records in"), sc.longAccumulator("glasspipe dead"),
+        sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"),
+        sc.longAccumulator("glasspipe keys in two partitions"));
+    Column isFiltered = functions.coalesce(filtered, functions.lit(false));
+    Column isWarmup = functions.coalesce(warmup, functions.lit(false));
+    boolean shuffled = shufflePartitions > 0;
+    // Shuffled: the filter's rows are counted and dropped first, not moved and sorted only to be counted after.
+    // Then a key's rows go to one task, in an order a replay repeats.
+    Dataset<Row> df = !shuffled ? input
+        : input.filter(invoke(new FilteredCounter(counts), "kept", DataTypes.BooleanType, isFiltered, isWarmup))
+            .repartition(shufflePartitions, keys.stream().map(input::col).toArray(Column[]::new))
             .sortWithinPartitions(input.col(eventTimeCol), input.col(partitionCol), input.col(offsetCol));
     StructType schema = df.schema();
     if (!schema.apply(eventTimeCol).dataType().equals(DataTypes.TimestampType)) {
@@ -179,30 +190,59 @@ public final class PartitionDedup {
     }
     StateStoreConf storeConf = new StateStoreConf(df.sparkSession().sessionState().conf(),
         scala.collection.immutable.Map$.MODULE$.empty());
-    SparkContext sc = df.sparkSession().sparkContext();
     // Broadcast, as Spark's file sources do: in the plan, every task read the whole Hadoop configuration again.
     Broadcast<SerializableConfiguration> hadoopConf = JavaSparkContext.fromSparkContext(sc)
         .broadcast(new SerializableConfiguration(df.sparkSession().sessionState().newHadoopConf()));
-    RowCounts counts = new RowCounts(sc.longAccumulator("glasspipe records in"), sc.longAccumulator("glasspipe dead"),
-        sc.longAccumulator("glasspipe filtered"), sc.longAccumulator("glasspipe warm-up"),
-        sc.longAccumulator("glasspipe keys in two partitions"));
     COUNTS.put(stateRoot, counts);
     Flagger flagger = new Flagger(new Plan(stateRoot, UUID.randomUUID(), storeConf, hadoopConf, windowMs, counts,
-        JudgedLate.parse(judgedLate), shufflePartitions > 0, lateAtWatermark));
+        JudgedLate.parse(judgedLate), shuffled, lateAtWatermark));
     Column keyText = functions.struct(keys.stream().map(k -> df.col(k).cast(DataTypes.StringType))
         .toArray(Column[]::new));
     Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
     Column passthrough = passthroughCol == null ? functions.lit(false)
         : functions.coalesce(df.col(passthroughCol), functions.lit(false));
-    List<Expression> args = List.of(keyText, micros, df.col(partitionCol), df.col(offsetCol), passthrough,
-        functions.coalesce(filtered, functions.lit(false)), functions.coalesce(warmup, functions.lit(false))).stream()
-        .map(ExpressionUtils::expression).toList();
-    Column flags = ExpressionUtils.column(new Invoke(Literal.create(flagger, new ObjectType(Flagger.class)), "code",
-        DataTypes.IntegerType, CollectionConverters.asScala(args).toSeq(),
-        CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(), false, false, false));
+    Column flags = invoke(flagger, "code", DataTypes.IntegerType, keyText, micros, df.col(partitionCol),
+        df.col(offsetCol), passthrough, shuffled ? functions.lit(false) : isFiltered, isWarmup);
     Dataset<Row> coded = df.withColumn(code, flags);
     return coded.withColumn(flagCol, coded.col(code).equalTo(Flagger.DUPLICATE))
         .withColumn(lateCol, coded.col(code).equalTo(Flagger.LATE)).drop(code);
+  }
+
+  /**
+   * {@code target.method(args)} in Spark's generated code, once a row in the rows' order: nondeterministic, so that
+   * Spark neither moves it nor evaluates it twice.
+   */
+  private static Column invoke(Object target, String method, DataType type, Column... args) {
+    List<Expression> exprs = Arrays.stream(args).map(ExpressionUtils::expression).toList();
+    return ExpressionUtils.column(new Invoke(Literal.create(target, new ObjectType(target.getClass())), method, type,
+        CollectionConverters.asScala(exprs).toSeq(), CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(),
+        false, false, false));
+  }
+
+  /**
+   * Before the shuffle by key: counts the rows the source's filter drops, as {@link Flagger#code} counts them, and
+   * keeps the others.
+   */
+  public static final class FilteredCounter implements Serializable {
+    private static final long serialVersionUID = 1L;
+    private final RowCounts counts;
+
+    FilteredCounter(RowCounts counts) {
+      this.counts = counts;
+    }
+
+    public boolean kept(boolean filtered, boolean warmup) {
+      if (!filtered) {
+        return true;
+      }
+      if (warmup) {
+        counts.warmup().add(1L);
+      } else {
+        counts.in().add(1L);
+        counts.filtered().add(1L);
+      }
+      return false;
+    }
   }
 
   /** What every task needs: fixed when the query's plan is made. */
