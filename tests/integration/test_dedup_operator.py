@@ -237,3 +237,26 @@ def test_a_key_of_several_columns_of_other_types(spark_dedup: Any, tmp_path: Pat
         assert int(q.recentProgress[-1]["stateOperators"][0]["numRowsTotal"]) == 5  # the keys of x1 y1 z1 v1 w1
     finally:
         q.stop()
+
+
+def test_own_state_drops_filtered_rows_before_its_shuffle_and_computes_its_input_once(
+        spark_dedup: Any, tmp_path: Path) -> None:
+    """deduplication.ownState (PartitionDedup after the shuffle by key) counts and drops the source filter's rows
+    before the shuffle. Its verdict must not be a filter that Spark pushes below the input's projections: the
+    condition then computed them again (the job's JSON parse twice a row, a third more task CPU)."""
+    from pyspark.sql import functions as F
+
+    from glasspipe_job.jvm import deduplicate_per_kafka_partition
+
+    df = (spark_dedup.range(8).select(
+        F.col("id").cast("string").alias("k"), F.timestamp_seconds(F.col("id")).alias("ts"),
+        F.lit(0).alias("p"), F.col("id").alias("o"))
+        .withColumn("digest", F.sha2(F.col("k"), 256)))  # stands for the parse: not cheap, so never inlined twice
+    out = deduplicate_per_kafka_partition(
+        df, ["k"], "ts", 60, flag_col="dup", late_col="late", passthrough_col=None, partition_col="p",
+        offset_col="o", state_root=str(tmp_path / "state"), filtered=F.col("digest").startswith("0"),
+        warmup=F.lit(False), shuffle_partitions=2)
+    plan = out._jdf.queryExecution().executedPlan().toString()
+    before_shuffle = plan[plan.index("Exchange"):]
+    assert "FilteredCounter" in before_shuffle and "kept" in before_shuffle, plan
+    assert plan.count("sha2(") == 1, plan
