@@ -217,6 +217,9 @@ public final class PartitionDedup {
   private static Dataset<Row> withoutFiltered(Dataset<Row> input, FilteredCounter counter, Column filtered,
       Column warmup) {
     String kept = "_gp_not_filtered";
+    if (Arrays.asList(input.schema().fieldNames()).contains(kept)) {
+      throw new IllegalArgumentException("column " + kept + " already exists");
+    }
     Dataset<Row> flagged = input.withColumn(kept, invoke(counter, "kept", DataTypes.BooleanType, filtered, warmup));
     return flagged.filter(flagged.col(kept)).drop(kept);
   }
