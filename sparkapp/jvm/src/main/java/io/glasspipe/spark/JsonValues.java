@@ -11,19 +11,13 @@ import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.Literal;
 import org.apache.spark.sql.catalyst.expressions.json.JsonToStructsEvaluator;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
 import org.apache.spark.sql.catalyst.json.JSONOptions;
 import org.apache.spark.sql.catalyst.json.JacksonParser;
 import org.apache.spark.sql.catalyst.util.FailureSafeParser;
-import org.apache.spark.sql.classic.ExpressionUtils;
 import org.apache.spark.sql.sources.Filter;
-import org.apache.spark.sql.types.AbstractDataType;
 import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructField;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
@@ -87,17 +81,6 @@ public final class JsonValues implements Serializable {
   }
 
   /**
-   * {@code target.method(arg)} in generated code, {@code target} serialized with the plan ({@link PackedRows} calls
-   * it too). The target's class and method must be public: Janino cannot call others.
-   */
-  static Column invoke(Serializable target, String method, DataType type, Column arg, boolean nullForNull) {
-    Seq<Expression> args = CollectionConverters.asScala(List.of(ExpressionUtils.expression(arg))).toSeq();
-    Seq<AbstractDataType> argTypes = CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq();
-    return ExpressionUtils.column(new Invoke(Literal.create(target, new ObjectType(target.getClass())), method, type,
-        args, argTypes, nullForNull, nullForNull, true));
-  }
-
-  /**
    * {@code df} with {@code outCol} = the BINARY {@code valueCol} parsed by {@code schemaJson} (a struct type
    * as JSON, holding the string column {@code corruptColumn}), as {@code from_json(CAST(valueCol AS
    * STRING), schema, {mode: PERMISSIVE, columnNameOfCorruptRecord: corruptColumn})} would; NULL for NULL.
@@ -107,7 +90,7 @@ public final class JsonValues implements Serializable {
     StructType schema = ((StructType) DataType.fromJson(schemaJson)).asNullable();
     String timeZone = df.sparkSession().conf().get("spark.sql.session.timeZone");
     JsonValues parser = new JsonValues(schema, corruptColumn, timeZone);
-    return df.withColumn(outCol, invoke(parser, "parse", schema, df.col(valueCol), true));
+    return df.withColumn(outCol, GeneratedCalls.pure(parser, "parse", schema, true, df.col(valueCol)));
   }
 
   /**
@@ -118,7 +101,7 @@ public final class JsonValues implements Serializable {
    */
   public static Column notAnObject(Dataset<Row> df, String valueCol) {
     ObjectCheck check = new ObjectCheck(df.sparkSession().conf().get("spark.sql.session.timeZone"));
-    return invoke(check, "notAnObject", DataTypes.BooleanType, df.col(valueCol), false);
+    return GeneratedCalls.pure(check, "notAnObject", DataTypes.BooleanType, false, df.col(valueCol));
   }
 
   /** Spark's own {@code from_json} to {@code map<string,string>}, called from generated code. */
@@ -128,7 +111,8 @@ public final class JsonValues implements Serializable {
 
     ObjectCheck(String timeZoneId) {
       Map<String, String> none = scala.collection.immutable.Map$.MODULE$.<String, String>empty();
-      asMap = new JsonToStructsEvaluator(none, DataTypes.createMapType(DataTypes.StringType, DataTypes.StringType, true),
+      asMap = new JsonToStructsEvaluator(none,
+          DataTypes.createMapType(DataTypes.StringType, DataTypes.StringType, true),
           "_corrupt_record", Option.apply(timeZoneId), false);
     }
 

@@ -34,12 +34,12 @@ public final class PackedRows implements Serializable {
 
   /** BINARY: {@code struct}'s bytes (NULL for NULL). */
   static Column packed(Column struct, StructType type) {
-    return JsonValues.invoke(new PackedRows(type), "pack", DataTypes.BinaryType, struct, true);
+    return GeneratedCalls.pure(new PackedRows(type), "pack", DataTypes.BinaryType, true, struct);
   }
 
   /** {@code type}: the struct read back from {@link #pack}'s bytes (NULL for NULL). */
   static Column unpacked(Column bytes, StructType type) {
-    return JsonValues.invoke(new PackedRows(type), "unpack", type, bytes, true);
+    return GeneratedCalls.pure(new PackedRows(type), "unpack", type, true, bytes);
   }
 
   /**

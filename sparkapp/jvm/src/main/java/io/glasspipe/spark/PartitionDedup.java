@@ -23,10 +23,6 @@ import org.apache.spark.sql.Column;
 import org.apache.spark.sql.Dataset;
 import org.apache.spark.sql.Row;
 import org.apache.spark.sql.catalyst.InternalRow;
-import org.apache.spark.sql.catalyst.expressions.Expression;
-import org.apache.spark.sql.catalyst.expressions.Literal;
-import org.apache.spark.sql.catalyst.expressions.objects.Invoke;
-import org.apache.spark.sql.classic.ExpressionUtils;
 import org.apache.spark.sql.execution.streaming.state.KeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.NoPrefixKeyStateEncoderSpec;
 import org.apache.spark.sql.execution.streaming.state.RocksDB;
@@ -37,16 +33,12 @@ import org.apache.spark.sql.execution.streaming.state.StateStoreConf;
 import org.apache.spark.sql.execution.streaming.state.StateStoreId;
 import org.apache.spark.sql.execution.streaming.state.StateStoreProviderId;
 import org.apache.spark.sql.functions;
-import org.apache.spark.sql.types.AbstractDataType;
-import org.apache.spark.sql.types.DataType;
 import org.apache.spark.sql.types.DataTypes;
-import org.apache.spark.sql.types.ObjectType;
 import org.apache.spark.sql.types.StructType;
 import org.apache.spark.unsafe.types.UTF8String;
 import org.apache.spark.util.LongAccumulator;
 import org.apache.spark.util.SerializableConfiguration;
 import scala.Option;
-import scala.jdk.javaapi.CollectionConverters;
 
 /**
  * Event-time deduplication per Kafka partition, an expression in the first stage: no shuffle, no sort, no
@@ -128,7 +120,24 @@ public final class PartitionDedup {
 
   /** Spark accumulators, merged from each successful task on the driver. */
   record RowCounts(LongAccumulator in, LongAccumulator dead, LongAccumulator filtered, LongAccumulator warmup,
-      LongAccumulator twoPartitions) implements Serializable {}
+      LongAccumulator twoPartitions) implements Serializable {
+    /**
+     * One row: a row read again to rebuild the state counts apart (warm-up); any other counts in, and as filtered
+     * (the source's filter drops it) or dead (a dead letter).
+     */
+    void count(boolean warmup, boolean filtered, boolean dead) {
+      if (warmup) {
+        warmup().add(1L);
+        return;
+      }
+      in().add(1L);
+      if (filtered) {
+        filtered().add(1L);
+      } else if (dead) {
+        dead().add(1L);
+      }
+    }
+  }
 
   /**
    * {@code df} with {@code flagCol} (duplicate) and {@code lateCol} (late) added, every row kept.
@@ -201,8 +210,8 @@ public final class PartitionDedup {
     Column micros = functions.coalesce(functions.unix_micros(df.col(eventTimeCol)), functions.lit(Long.MIN_VALUE));
     Column passthrough = passthroughCol == null ? functions.lit(false)
         : functions.coalesce(df.col(passthroughCol), functions.lit(false));
-    Column flags = invoke(flagger, "code", DataTypes.IntegerType, keyText, micros, df.col(partitionCol),
-        df.col(offsetCol), passthrough, shuffled ? functions.lit(false) : isFiltered, isWarmup);
+    Column flags = GeneratedCalls.inRowOrder(flagger, "code", DataTypes.IntegerType, keyText, micros,
+        df.col(partitionCol), df.col(offsetCol), passthrough, shuffled ? functions.lit(false) : isFiltered, isWarmup);
     Dataset<Row> coded = df.withColumn(code, flags);
     return coded.withColumn(flagCol, coded.col(code).equalTo(Flagger.DUPLICATE))
         .withColumn(lateCol, coded.col(code).equalTo(Flagger.LATE)).drop(code);
@@ -220,24 +229,14 @@ public final class PartitionDedup {
     if (Arrays.asList(input.schema().fieldNames()).contains(kept)) {
       throw new IllegalArgumentException("column " + kept + " already exists");
     }
-    Dataset<Row> flagged = input.withColumn(kept, invoke(counter, "kept", DataTypes.BooleanType, filtered, warmup));
+    Dataset<Row> flagged = input.withColumn(kept,
+        GeneratedCalls.inRowOrder(counter, "kept", DataTypes.BooleanType, filtered, warmup));
     return flagged.filter(flagged.col(kept)).drop(kept);
   }
 
   /**
-   * {@code target.method(args)} in Spark's generated code, once a row in the rows' order: nondeterministic, so that
-   * Spark neither moves it nor evaluates it twice.
-   */
-  private static Column invoke(Object target, String method, DataType type, Column... args) {
-    List<Expression> exprs = Arrays.stream(args).map(ExpressionUtils::expression).toList();
-    return ExpressionUtils.column(new Invoke(Literal.create(target, new ObjectType(target.getClass())), method, type,
-        CollectionConverters.asScala(exprs).toSeq(), CollectionConverters.asScala(List.<AbstractDataType>of()).toSeq(),
-        false, false, false));
-  }
-
-  /**
-   * Before the shuffle by key: counts the rows the source's filter drops, as {@link Flagger#code} counts them, and
-   * keeps the others.
+   * Before the shuffle by key: counts the rows the source's filter drops ({@link RowCounts#count}), and keeps the
+   * others.
    */
   public static final class FilteredCounter implements Serializable {
     private static final long serialVersionUID = 1L;
@@ -251,12 +250,7 @@ public final class PartitionDedup {
       if (!filtered) {
         return true;
       }
-      if (warmup) {
-        counts.warmup().add(1L);
-      } else {
-        counts.in().add(1L);
-        counts.filtered().add(1L);
-      }
+      counts.count(warmup, true, false);
       return false;
     }
   }
@@ -296,17 +290,7 @@ public final class PartitionDedup {
      */
     public int code(InternalRow keyText, long micros, int partition, long offset, boolean passthrough,
         boolean filtered, boolean warmup) {
-      RowCounts counts = plan.counts();
-      if (warmup) {
-        counts.warmup().add(1L);
-      } else {
-        counts.in().add(1L);
-        if (filtered) {
-          counts.filtered().add(1L);
-        } else if (passthrough) {
-          counts.dead().add(1L);
-        }
-      }
+      plan.counts().count(warmup, filtered, passthrough);
       if (passthrough || micros == Long.MIN_VALUE) { // a dead letter; no event time: no place in any window
         return KEPT;
       }
