@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.crashes import kill_mid_stream
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import (
     consume_all,
@@ -209,32 +210,11 @@ def test_dedup_then_join_writes_no_duplicate_joined_rows_and_dead_letters_both_s
     assert "dead-lettered 3" in first, first
 
 
-def kill_repeatedly(j: Join, rng: random.Random, total: int, wanted_kills: int = 6) -> list[int]:
-    """Run the join continuously and SIGKILL it at a random moment after it has written something, again and
-    again; then run it to the end. Returns the row counts after each kill (each kill must land mid-stream)."""
-    kills, counts = 0, []
-    while kills < wanted_kills:
-        job = start_continuous(j.path, j.kafka.bootstrap, f"127.0.0.1:{j.ch.port}", j.ckpt, j.tmp / "job.log")
-        try:
-            before = j.count()
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if not job.alive():
-                    raise AssertionError(f"job died by itself:\n{job.log_tail(60)}")
-                if j.count() > before:
-                    break
-                time.sleep(0.3)
-            time.sleep(rng.uniform(0.0, 3.0))
-        finally:
-            job.kill()
-        kills += 1
-        counts.append(j.count())
-        if counts[-1] >= total:
-            break
-    # Every kill must land mid-stream: a kill after the last row proves nothing about a crash.
-    assert kills == wanted_kills, f"the job finished after {kills} kills ({counts}): make the stream longer"
-    assert all(c < total for c in counts), f"a kill came after the last row: {counts}"
-    return counts
+def kill_repeatedly(j: Join, rng: random.Random, total: int) -> list[int]:
+    """Run the join continuously and SIGKILL it six times mid-stream (kill_mid_stream); the rows after each kill."""
+    return kill_mid_stream(
+        lambda: start_continuous(j.path, j.kafka.bootstrap, f"127.0.0.1:{j.ch.port}", j.ckpt, j.tmp / "job.log"),
+        j.count, rng, total)
 
 
 def test_sigkill_at_random_moments_joined_output_exact(
