@@ -2,10 +2,10 @@
 
 Runs the sms-dedup pipeline with ``deduplication.perKafkaPartition`` (its state in Spark's state store, versioned by
 batch), or with ``--probe partition`` bench/PartitionDedupProbe.java in its place (bench/partition_probe_run.py: the
-same layout in a RocksDB of its own, not checkpointed), SIGKILLs the job at random moments after it has written
-something, restarts it from its checkpoint, drains what is left and prints what landed: exact when every first
-occurrence landed once and no repeat did. tests/integration/test_job_dedup.py checks the job's engines the same way;
-this prints the probe's failure beside it.
+same layout in a RocksDB of its own, not checkpointed), SIGKILLs the job once in each stretch of its output, at a
+random row of it (glasspipe_dev.crashes.kill_mid_stream), restarts it from its checkpoint, drains what is left and
+prints what landed: exact when every first occurrence landed once and no repeat did.
+tests/integration/test_job_dedup.py checks the job's engines the same way; this prints the probe's failure beside it.
 
     python bench/probe_crash.py [--kills 6] [--probe per-kafka-partition|partition]
 """
@@ -16,7 +16,6 @@ import argparse
 import random
 import sys
 import tempfile
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -25,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "dev"))
 
 from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
+from glasspipe_dev.crashes import kill_mid_stream  # noqa: E402
 from glasspipe_dev.kafka import KafkaServer  # noqa: E402
 from glasspipe_dev.pipelines import (  # noqa: E402
     CLI,
@@ -79,23 +79,9 @@ def main() -> int:
             records.append(sms(f"c-{i:06d}", "repeat", T0 + timedelta(milliseconds=20 * i, seconds=3)))
         produce(kafka.bootstrap, topic, records)  # keyed by sms_id: the topic is partitioned by the key
         ckpt, clickhouse = tmp / "ckpt", f"127.0.0.1:{ch.port}"
-        counts: list[int] = []
-        while len(counts) < args.kills:
-            job = start_continuous(path, kafka.bootstrap, clickhouse, ckpt, tmp / "job.log", launcher=launcher)
-            try:
-                before = counts[-1] if counts else 0
-                deadline = time.monotonic() + 180
-                while time.monotonic() < deadline and count(ch, table) <= before:
-                    if not job.alive():
-                        raise SystemExit(f"the job died by itself:\n{job.log_tail(60)}")
-                    time.sleep(0.3)
-                time.sleep(rng.uniform(0.0, 4.0))
-            finally:
-                job.kill()
-            counts.append(count(ch, table))
-            print(f"kill {len(counts)}: {counts[-1]} rows", flush=True)
-            if counts[-1] >= args.uniques:
-                break
+        counts = kill_mid_stream(
+            lambda: start_continuous(path, kafka.bootstrap, clickhouse, ckpt, tmp / "job.log", launcher=launcher),
+            lambda: count(ch, table), rng, args.uniques, kills=args.kills)
         run_to_end(path, kafka.bootstrap, clickhouse, ckpt, launcher=launcher)
         rows, distinct, repeats = ch.client().execute(
             f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0]
