@@ -16,6 +16,7 @@ collapsed stacks there; ``--jfr DIR`` records the JVM with Java Flight Recorder 
 
     python bench/bulk.py --events 200000 --runs 2 --baseline /tmp/gp-main
     python bench/bulk.py --events 1000000 --runs 3 --own-state --keep-digits 5 --baseline /tmp/gp-main
+    python bench/bulk.py --events 4000000 --runs 3 --per-partition --baseline /tmp/gp-main
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def make_events(n: int, rate: float) -> tuple[list[tuple[bytes, bytes]], int]:
 def pipeline(tmp: Path, topic: str, name: str, args: argparse.Namespace, spark_conf: dict[str, str]) -> Path:
     return sms_dedup_pipeline(tmp, name, topic, max_offsets=args.max_offsets, max_rows=args.max_rows, seq_field=True,
                               spark_conf=spark_conf, own_state=args.own_state,
-                              source_filter=keep_filter(args.keep_digits))
+                              per_kafka_partition=args.per_partition, source_filter=keep_filter(args.keep_digits))
 
 
 def keep_filter(digits: int | None) -> str | None:
@@ -207,11 +208,15 @@ def main() -> int:
                    "bench/profile_summary.py)")
     p.add_argument("--own-state", action="store_true", help="deduplication.ownState (glasspipe's own state after "
                    "the shuffle by key) instead of the default engine")
+    p.add_argument("--per-partition", action="store_true", help="deduplication.perKafkaPartition (the topic is "
+                   "keyed by the deduplication key) instead of the default engine")
     p.add_argument("--keep-digits", type=int, choices=range(0, 11), metavar="0-10",
                    help="a source filter that keeps the keys whose last digit is below this (5: half the records)")
     p.add_argument("--hot-share", type=float, help="share of the keys on partition 0, the rest evenly on the "
                    "other 3 (a skewed topic); default: Kafka's hashing of the key")
     args = p.parse_args()
+    if args.own_state and args.per_partition:
+        p.error("--own-state and --per-partition are two engines: choose one")
     if args.hot_share is not None and not 0 <= args.hot_share <= 1:
         p.error("--hot-share takes a share from 0 to 1")
     become_subreaper()

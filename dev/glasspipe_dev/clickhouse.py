@@ -15,7 +15,6 @@ with an ``openSSL`` server section), and ``users=`` adds password users: what th
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -173,8 +172,7 @@ class ClickHouseServer(RestartableServer):
         listen on (e.g. the node's, for pods of glasspipe_dev.cluster); ``networks``: more client networks
         (CIDRs, e.g. the pod subnet) the ``default`` user may connect from."""
         self.binary = find_server_binary()
-        self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gp-clickhouse-"))
+        self._set_workdir(workdir, "gp-clickhouse-")
         self.data_dir = self.workdir / "data"
         self.log_dir = self.workdir / "log"
         self.config_path = self.workdir / "config.xml"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Mapping
@@ -115,8 +114,7 @@ class KafkaServer(RestartableServer):
         self.home = kafka_home(version)
         self.java = java_binary()
         self.version = version
-        self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gp-kafka-"))
+        self._set_workdir(workdir, "gp-kafka-")
         self.data_dir = self.workdir / "data"
         self.log_dir = self.workdir / "log"
         self.config_path = self.workdir / "server.properties"

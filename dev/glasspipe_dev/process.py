@@ -7,10 +7,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
+
+from glasspipe_dev.reaper import forget_folder, forget_group, kill_group_at_exit, remove_folder_at_exit
 
 # Ports handed out below the kernel's ephemeral range, a block per pytest-xdist worker: a port from
 # bind(0) is ephemeral, so another worker's bind(0) or any outgoing connection (a Kafka client's) could
@@ -82,7 +85,8 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
 
 
 class ServerProcess:
-    """A child process in its own process group, logging to ``log_path``."""
+    """A child process in its own process group, logging to ``log_path``; killed with its group should this process
+    die without stopping it (glasspipe_dev.reaper)."""
 
     def __init__(
         self,
@@ -111,6 +115,7 @@ class ServerProcess:
             start_new_session=True,
         )
         log.close()
+        kill_group_at_exit(self.proc.pid)
         return self
 
     def wait_ready(self, check: Callable[[], bool], timeout: float, what: str = "") -> None:
@@ -153,19 +158,22 @@ class ServerProcess:
         except subprocess.TimeoutExpired:
             os.killpg(pgid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+        forget_group(pgid)
 
     def kill(self) -> None:
         """SIGKILL the process group: a crash, not a shutdown."""
         if self.proc is not None and self.proc.poll() is None:
-            os.killpg(os.getpgid(self.proc.pid), signal.SIGKILL)
+            os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+            forget_group(self.proc.pid)
 
 
 class RestartableServer:
     """Lifecycle shared by the local servers: stop/kill/restart on the same ports and data, close, ``with``.
 
-    Subclasses set ``_process`` (a ServerProcess, or None before the first start), ``workdir`` and
-    ``_own_workdir``, and implement ``start()`` (re-entrant: it starts again after stop() or kill()).
+    Subclasses set ``_process`` (a ServerProcess, or None before the first start) and ``workdir`` and
+    ``_own_workdir`` (through :meth:`_set_workdir`), and implement ``start()`` (re-entrant: it starts again after
+    stop() or kill()).
     """
 
     host = "127.0.0.1"
@@ -175,6 +183,13 @@ class RestartableServer:
 
     def start(self) -> Self:
         raise NotImplementedError
+
+    def _set_workdir(self, workdir: Path | None, prefix: str) -> None:
+        """``workdir``, or a temporary folder of ours: removed by close(), or should this process die first."""
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix))
+        if self._own_workdir:
+            remove_folder_at_exit(self.workdir)
 
     def running(self) -> bool:
         return self._process is not None and self._process.alive()
@@ -216,6 +231,7 @@ class RestartableServer:
         self.stop()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+            forget_folder(self.workdir)
 
     def __enter__(self) -> Self:
         return self.start()
