@@ -129,8 +129,8 @@ class Poller(threading.Thread):
 def first_gap(seen: np.ndarray, low: int, chunk: int = 1 << 16) -> int:
     """The seq before the first one not seen after ``low`` (or the array's last): scanned a chunk at a time from
     ``low``, so a poll costs what it advances. Scanning the whole rest of the array each poll (``flatnonzero``) took
-    ~0.1 CPU-s a landed part at 20 M rows, a tenth of a core or more beside a pipeline at its edge, and more the
-    further behind it was."""
+    97 ms of CPU a landed part at 20 M rows, more the further behind the pipeline was: the harness took 0.06-0.12
+    cores more at 100 000/s (docs/benchmarks.md, 2026-12-02 midday)."""
     while True:
         part = seen[low + 1:low + 1 + chunk]
         if not len(part):
