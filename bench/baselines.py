@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bulk import BATCH, _ts, become_subreaper, children, make_events, reap_orphans
 from plain_loop import BLOCK, run_loop
+from thread_cpu import process_cpu
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
@@ -53,7 +54,6 @@ VARIANTS = ("plain", "nodedup", "dedup", "clickhouse")
 MAX_OFFSETS = 200_000  # kafka.maxOffsetsPerTrigger of the Spark runs, as bench/bulk.py
 COLUMNS = ("sms_id String, status Nullable(String), phone Nullable(String), provider Nullable(String), "
            "sent_at DateTime, seq Nullable(Int64)")
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass(frozen=True)
@@ -105,8 +105,10 @@ class Bench:
 
 def proc_cpu(pid: int) -> float:
     """utime + stime of a live process (all its threads), in seconds."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+    cpu = process_cpu(pid)
+    if cpu is None:
+        raise ProcessLookupError(f"process {pid} is gone")
+    return cpu
 
 
 def measure(b: Bench, label: str, run: Callable[[], str], table: str, want: str) -> None:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
+
+from glasspipe_dev.reaper import read_stat
 
 # Linux keeps 15 characters of a thread's name; the JVM names its native threads after the Java ones.
 GROUPS = [
@@ -30,11 +31,8 @@ def process_parents() -> dict[int, int]:
     """pid -> parent pid of every process now (bench/bulk.py finds its children with it too)."""
     parents: dict[int, int] = {}
     for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                parents[int(d)] = int(Path(f"/proc/{d}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
+        if d.isdigit() and (stat := read_stat(f"/proc/{d}/stat")) is not None:
+            parents[int(d)] = int(stat[1][1])
     return parents
 
 
@@ -53,12 +51,10 @@ def descendants(root: int) -> set[int]:
 
 def _stat(path: str) -> tuple[str, float] | None:
     """(name, CPU seconds so far) from a /proc stat file; None once the process or thread is gone."""
-    try:
-        stat = Path(path).read_text()
-    except OSError:
+    if (stat := read_stat(path)) is None:
         return None
-    fields = stat.rsplit(")", 1)[1].split()
-    return stat[stat.index("(") + 1:stat.rindex(")")], (int(fields[11]) + int(fields[12])) / _CLK
+    name, fields = stat
+    return name, (int(fields[11]) + int(fields[12])) / _CLK
 
 
 def process_cpu(pid: int) -> float | None:

@@ -22,16 +22,24 @@ import threading
 from pathlib import Path
 
 
+def read_stat(path: str | Path) -> tuple[str, list[str]] | None:
+    """A ``/proc/.../stat`` file's command name and the fields after it (``fields[0]`` is field 3, the state), or
+    None once the process or thread is gone. The name may hold spaces and ")", so it ends at the last ")"."""
+    try:
+        stat = Path(path).read_text()
+    except OSError:
+        return None
+    name, _, rest = stat.partition("(")[2].rpartition(")")
+    return name, rest.split()
+
+
 def process_start_time(pid: int) -> str:
     """The process's start time in clock ticks since boot (``/proc/PID/stat`` field 22), or "" if it is gone.
 
     A pid is reused once its process is reaped (pid_max is 32 768 here), so a group is only killed while its leader
     is the process that was registered, or while the group still has members (its id is then not reusable)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
+    stat = read_stat(f"/proc/{pid}/stat")
+    return stat[1][19] if stat is not None else ""
 
 
 def _clean_up(groups: dict[int, str], folders: set[str]) -> None:

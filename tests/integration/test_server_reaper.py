@@ -10,12 +10,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from glasspipe_dev.reaper import process_start_time, serve
+from glasspipe_dev.reaper import process_start_time, read_stat, serve
+from operator_harness import wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,30 +39,16 @@ time.sleep(600)
 def _group_members(pgid: int) -> list[int]:
     members = []
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
+        if entry.name.isdigit() and (stat := read_stat(entry / "stat")) is not None:
+            fields = stat[1]
             if int(fields[2]) == pgid and fields[0] != "Z":
                 members.append(int(entry.name))
     return members
 
 
 def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def _wait_until(check: Callable[[], bool], timeout: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return False
+    stat = read_stat(f"/proc/{pid}/stat")
+    return stat is not None and stat[1][0] != "Z"
 
 
 def test_servers_die_with_a_killed_owner(tmp_path: Path) -> None:
@@ -74,13 +60,13 @@ def test_servers_die_with_a_killed_owner(tmp_path: Path) -> None:
         started = json.loads(owner.stdout.readline())
         group = started["group"]
         assert _alive(started["clickhouse"]) and Path(started["workdir"]).is_dir()
-        assert _wait_until(lambda: len(_group_members(group)) == 2), "the shell's background sleep and exec'd one"
+        wait_for(lambda: len(_group_members(group)) == 2, "the shell's background sleep and its exec'd one", timeout=15)
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=10)
-        assert _wait_until(lambda: not _alive(started["clickhouse"])), "ClickHouse outlived its killed owner"
-        assert _wait_until(lambda: not _group_members(group)), f"group {group} outlived its owner"
-        assert _wait_until(lambda: not Path(started["workdir"]).exists()), "the server's temporary folder is left"
-        assert _wait_until(lambda: not _alive(started["reaper"])), "the reaper lingers after its work"
+        wait_for(lambda: not _alive(started["clickhouse"]), "ClickHouse to die with its killed owner", timeout=15)
+        wait_for(lambda: not _group_members(group), f"group {group} to die with its owner", timeout=15)
+        wait_for(lambda: not Path(started["workdir"]).exists(), "the server's temporary folder to go", timeout=15)
+        wait_for(lambda: not _alive(started["reaper"]), "the reaper to end after its work", timeout=15)
     finally:
         if owner.poll() is None:
             owner.kill()
