@@ -97,8 +97,19 @@ class _Reaper:
         """The reaper's pid, once started (tests kill the owner and watch the reaper act)."""
         return self._proc.pid if self._proc is not None and self._owner == os.getpid() else None
 
+    def drop_inherited(self) -> None:
+        """In a child forked from the owner (a ``multiprocessing`` worker): close the copy of the owner's pipe, or the
+        reaper would see end-of-file only once the child ends too, and the owner's servers would outlive the owner by
+        as long as the child runs. The child starts a reaper of its own if it starts servers."""
+        proc, self._proc = self._proc, None
+        self._lock = threading.Lock()  # another thread of the owner may have held it at the fork
+        if proc is not None and proc.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                proc.stdin.close()
+
 
 _REAPER = _Reaper()
+os.register_at_fork(after_in_child=_REAPER.drop_inherited)
 
 
 def kill_group_at_exit(pgid: int) -> None:

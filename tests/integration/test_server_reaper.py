@@ -4,6 +4,7 @@ a group stopped normally, or whose leader's pid now belongs to another process, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 
 _OWNER = '''
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.process import ServerProcess
@@ -30,8 +31,12 @@ from glasspipe_dev.reaper import reaper_pid
 
 ch = ClickHouseServer().start()
 group = ServerProcess("pair", ["sh", "-c", "sleep 600 & exec sleep 600"], Path(sys.argv[1]) / "pair.log").start()
+forked = os.fork() if sys.argv[2:] == ["fork"] else None  # a multiprocessing worker's way: a copy of this process
+if forked == 0:
+    time.sleep(600)
+    os._exit(0)
 print(json.dumps({"clickhouse": ch.pid, "workdir": str(ch.workdir), "group": group.proc.pid,
-                  "reaper": reaper_pid()}), flush=True)
+                  "reaper": reaper_pid(), "forked": forked}), flush=True)
 time.sleep(600)
 '''
 
@@ -51,13 +56,18 @@ def _alive(pid: int) -> bool:
     return stat is not None and stat[1][0] != "Z"
 
 
-def test_servers_die_with_a_killed_owner(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fork", [False, True], ids=["alone", "with-a-forked-child"])
+def test_servers_die_with_a_killed_owner(tmp_path: Path, fork: bool) -> None:
+    """With a forked child too (bench/join_state.py's generator): the child, which lives on, holds no copy of the
+    reaper's pipe, so the owner's servers still go when the owner dies."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "dev"), os.environ.get("PYTHONPATH", "")])}
-    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                             env=env)
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path), *(["fork"] if fork else [])],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    forked = None
     try:
         assert owner.stdout is not None
         started = json.loads(owner.stdout.readline())
+        forked = started["forked"]
         group = started["group"]
         assert _alive(started["clickhouse"]) and Path(started["workdir"]).is_dir()
         wait_for(lambda: len(_group_members(group)) == 2, "the shell's background sleep and its exec'd one", timeout=15)
@@ -67,9 +77,14 @@ def test_servers_die_with_a_killed_owner(tmp_path: Path) -> None:
         wait_for(lambda: not _group_members(group), f"group {group} to die with its owner", timeout=15)
         wait_for(lambda: not Path(started["workdir"]).exists(), "the server's temporary folder to go", timeout=15)
         wait_for(lambda: not _alive(started["reaper"]), "the reaper to end after its work", timeout=15)
+        if fork:
+            assert _alive(forked), "the forked child lives on"  # else its death, not the owner's, freed the pipe
     finally:
         if owner.poll() is None:
             owner.kill()
+        if forked:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(forked, signal.SIGKILL)
 
 
 def test_a_reused_pid_is_not_killed() -> None:
