@@ -178,10 +178,10 @@ SPARK_REDACTION_REGEX = r"(?i)secret|password|token|access[.]?key|sasl[.]jaas|ss
 STATE_ROW_COUNT_CONF = "spark.sql.streaming.stateStore.rocksdb.trackTotalNumberOfRows"
 CHECKPOINT_FILE_MANAGER_CONF = "spark.sql.streaming.checkpointFileManagerClass"
 KAFKA_FETCHED_DATA_TIMEOUT_CONF = "spark.kafka.consumer.fetchedData.cache.timeout"
+KAFKA_FETCHED_DATA_EVICTOR_CONF = "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval"
 DRIVER_DEFAULT_JAVA_OPTIONS_CONF = "spark.driver.defaultJavaOptions"
 EXECUTOR_DEFAULT_JAVA_OPTIONS_CONF = "spark.executor.defaultJavaOptions"
 G1_REGION_OPTION = "-XX:G1HeapRegionSize=16m"
-KAFKA_FETCHED_DATA_EVICTOR_CONF = "spark.kafka.consumer.fetchedData.cache.evictorThreadRunInterval"
 
 # Spark settings the job relies on (the dedup operator's transformWithState needs RocksDB). The JVM operators
 # jar (sparkapp/jvm) is on the job's classpath wherever it runs.
@@ -212,13 +212,14 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
     # a next batch takes; one evicted early costs that batch one poll.
     KAFKA_FETCHED_DATA_TIMEOUT_CONF: "5s",
     KAFKA_FETCHED_DATA_EVICTOR_CONF: "2s",
-    # A task's result (a batch's Arrow bytes for the sink, some MB at 100 000 events/s) above Spark's default 1 MB
-    # goes into the executor's block manager, and the driver fetches it from there as a block; and any array of half
-    # a G1 region or more (1 MB of a 2 GB heap's 2 MB regions) is "humongous": each allocation of one may start a
-    # concurrent mark of the whole heap. At 100 000/s per Kafka partition that was 226 concurrent starts in 4 minutes
-    # and a median batch of 880-1 002 ms; with results sent directly and 16 MB regions, 3-4 and 701-748 ms
-    # (docs/benchmarks.md, 2026-12-03). spark.rpc.message.maxSize (128 MB) still bounds a direct result. The Java
-    # options are Spark's "default" ones, which spec.spark.conf's extraJavaOptions add to rather than replace.
+    # A task's result (a batch's Arrow bytes for the sink: over 1 MB at 80 000 events/s, where JFR saw them fetched as
+    # blocks) above Spark's default 1 MB goes into the executor's block manager, and the driver fetches it from there as
+    # a block; and any array of half a G1 region or more (1 MB of a 2 GB heap's 2 MB regions) is "humongous": each
+    # allocation of one may start a concurrent mark of the whole heap. At 100 000/s per Kafka partition that was 226
+    # concurrent starts in 4 minutes and a median batch of 880-1 002 ms; with results sent directly and 16 MB regions,
+    # 3-4 and 701-748 ms (docs/benchmarks.md, 2026-12-03). spark.rpc.message.maxSize (128 MB) still bounds a direct
+    # result. The Java options are Spark's "default" ones, which spec.spark.conf's extraJavaOptions add to rather than
+    # replace.
     "spark.task.maxDirectResultSize": "64m",
     DRIVER_DEFAULT_JAVA_OPTIONS_CONF: G1_REGION_OPTION,
     EXECUTOR_DEFAULT_JAVA_OPTIONS_CONF: G1_REGION_OPTION,

@@ -24,4 +24,3 @@ def test_the_driver_jvm_runs_with_the_jobs_default_java_options(spark: Any) -> N
     diagnostic = jvm.java.lang.management.ManagementFactory.getPlatformMXBean(
         jvm.java.lang.Class.forName("com.sun.management.HotSpotDiagnosticMXBean"))
     assert diagnostic.getVMOption("G1HeapRegionSize").getValue() == str(16 * 1024 * 1024)
-
