@@ -18,7 +18,6 @@ Binaries: dev/install/kube.sh (etcd, kube-apiserver, kubectl) and dev/install/ku
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -39,6 +38,18 @@ from glasspipe_dev import node_images
 from glasspipe_dev.kube import KubeAPIServer
 from glasspipe_dev.paths import NotInstalledError, cache_dir
 from glasspipe_dev.process import ServerProcess, free_port
+from glasspipe_dev.reaper import (
+    cgroup_pids,
+    delete_bridge_at_exit,
+    empty_cgroups,
+    forget_bridge,
+    forget_folder,
+    forget_node,
+    kill_all,
+    kill_node_at_exit,
+    remove_folder_at_exit,
+    shim_pids,
+)
 
 NODE_INSTALL_HINT = "run dev/install/kube-node.sh"
 NODE_NAME = "glasspipe-node"
@@ -99,6 +110,7 @@ class PodNetwork:
             self.index, self.bridge, self.subnet = index, bridge, subnet
             self.prefix = f"10.244.{index}."
             self._lock: IO[str] | None = lock
+            delete_bridge_at_exit(bridge, POD_NETWORK_LOCKS / f"{index}.lock")  # the CNI plugin makes it later
             return
         raise RuntimeError(f"no free pod network: every 10.244.N.0/24 (N 1-254) is taken ({POD_NETWORK_LOCKS})")
 
@@ -110,6 +122,7 @@ class PodNetwork:
             subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
         self._lock.close()
         self._lock = None
+        forget_bridge(self.bridge)
 
 
 def pause_archive() -> Path:
@@ -153,6 +166,10 @@ class Cluster:
         self.net: PodNetwork | None = None
         self.procs: list[ServerProcess] = []
         self.startup_seconds = 0.0
+        # Should this process die before stop(): its pods, their shims and cgroups, and the folder go with it.
+        kill_node_at_exit(self.sock, self.cgroup_root)
+        if self._own_dir and not keep_dir:
+            remove_folder_at_exit(self.dir)
 
     @property
     def kubeconfig(self) -> Path:
@@ -477,60 +494,24 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     # --- teardown --------------------------------------------------------------------------------
 
-    def _cgroup_pids(self) -> list[int]:
-        pids: set[int] = set()
-        base = Path("/sys/fs/cgroup/pids") / self.cgroup_root.lstrip("/")
-        if base.is_dir():
-            for procs in base.rglob("cgroup.procs"):
-                with contextlib.suppress(OSError):
-                    pids.update(int(x) for x in procs.read_text().split())
-        return sorted(pids)
-
-    def _shim_pids(self) -> list[int]:
-        """containerd's shims outlive containerd by design; ours name our socket on their command line."""
-        found = []
-        needle = str(self.sock).encode()
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            try:
-                cmd = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"containerd-shim" in cmd and needle in cmd:
-                found.append(int(entry.name))
-        return found
-
-    def _remove_cgroups(self) -> None:
-        for ctrl in Path("/sys/fs/cgroup").iterdir():
-            base = ctrl / self.cgroup_root.lstrip("/")
-            if not base.is_dir():
-                continue
-            for sub in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                with contextlib.suppress(OSError):
-                    sub.rmdir()
-            with contextlib.suppress(OSError):
-                base.rmdir()
-
     def stop(self) -> None:
         for p in reversed(self.procs):
             if p.name == "kubelet":
                 p.stop()
-        for pid in self._cgroup_pids() + self._shim_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(cgroup_pids(self.cgroup_root) + shim_pids(str(self.sock)))
         for p in reversed(self.procs):
             p.stop()
         if self.holder is not None and self.holder.poll() is None:
             os.killpg(self.holder.pid, signal.SIGKILL)
             self.holder.wait(timeout=10)
-        time.sleep(0.2)
-        self._remove_cgroups()
+        empty_cgroups(self.cgroup_root)
+        forget_node(self.sock, self.cgroup_root)
         if self.net is not None:
             self.net.release()
         self.api.stop()
         if self._own_dir and not self.keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
+        forget_folder(self.dir)
 
     def logs(self) -> str:
         parts = [self.api.logs()] + [f"--- {p.name} ---\n{p.log_tail()}" for p in self.procs]

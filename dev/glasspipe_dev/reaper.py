@@ -3,9 +3,11 @@
 A test run killed with SIGKILL (``pkill -9 -f pytest``, a CI timeout, the OOM killer) never runs its fixtures'
 ``close()``: its Kafka, ClickHouse, pipelines and Kubernetes parts run on in their own sessions, and the next run or
 benchmark shares the machine with them. So each process that starts servers starts one reaper beside it: a small
-process in its own session that reads the process groups (and temporary folders) to clean up from a pipe. A pipe's
-reader sees end-of-file when its last writer dies, whatever killed it; the reaper then SIGKILLs each group still
-registered and removes each folder. A group stopped normally is taken off its list first.
+process in its own session that reads what to clean up from a pipe: process groups, temporary folders, and the parts
+of a node cluster that are no group of ours (containerd's shims, which leave containerd's session by design; the
+pods' cgroups; the CNI bridge). A pipe's reader sees end-of-file when its last writer dies, whatever killed it; the
+reaper then SIGKILLs each group still registered, each shim and each process in a registered cgroup, and removes the
+cgroups, the bridge and each folder. A part stopped normally is taken off its list first.
 
 This file runs as a script (``python reaper.py``) so that it needs nothing on the reaper's import path.
 """
@@ -13,13 +15,17 @@ This file runs as a script (``python reaper.py``) so that it needs nothing on th
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+
+CGROUP_FS = Path("/sys/fs/cgroup")
 
 
 def read_stat(path: str | Path) -> tuple[str, list[str]] | None:
@@ -42,34 +48,117 @@ def process_start_time(pid: int) -> str:
     return stat[1][19] if stat is not None else ""
 
 
-def _clean_up(groups: dict[int, str], folders: set[str]) -> None:
+def cgroup_pids(root: str) -> list[int]:
+    """The processes in cgroup ``root`` and below it (cgroup v1's pids hierarchy)."""
+    pids: set[int] = set()
+    base = CGROUP_FS / "pids" / root.lstrip("/")
+    if base.is_dir():
+        for procs in base.rglob("cgroup.procs"):
+            with contextlib.suppress(OSError):
+                pids.update(int(x) for x in procs.read_text().split())
+    return sorted(pids)
+
+
+def remove_cgroups(root: str) -> None:
+    """Remove cgroup ``root`` and those below it in every hierarchy, deepest first (one with processes stays)."""
+    for hierarchy in CGROUP_FS.iterdir():
+        base = hierarchy / root.lstrip("/")
+        if not base.is_dir():
+            continue
+        for sub in sorted((p for p in base.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            with contextlib.suppress(OSError):
+                sub.rmdir()
+        with contextlib.suppress(OSError):
+            base.rmdir()
+
+
+def shim_pids(socket: str) -> list[int]:
+    """The shims of the containerd on ``socket``: they outlive containerd by design, and name its socket."""
+    found = []
+    needle = socket.encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and b"containerd-shim" in argv[0] and needle in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def delete_bridge(bridge: str, lock: str) -> None:
+    """Delete network link ``bridge`` unless another cluster holds ``lock`` by now (the bridge is then its own): a
+    cluster takes the lock before it looks for the bridge, so holding the lock makes the look and the delete one."""
+    with contextlib.suppress(OSError), open(lock, "a") as held:
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return
+        if Path(f"/sys/class/net/{bridge}").exists():
+            subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+
+
+def empty_cgroups(root: str, timeout: float = 10.0) -> None:
+    """SIGKILL each process in cgroup ``root`` and below it, until none is left, then remove the cgroups. A killed
+    process stays in its cgroup (a zombie) until its parent reaps it: with its shim killed too, that is init."""
+    deadline = time.monotonic() + timeout
+    while (left := cgroup_pids(root)) and time.monotonic() < deadline:
+        kill_all(left)
+        time.sleep(0.1)
+    remove_cgroups(root)
+
+
+def kill_all(pids: list[int]) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _clean_up(groups: dict[int, str], shims: set[str], cgroups: set[str], bridges: dict[str, str],
+              folders: set[str]) -> None:
     for pgid, started in groups.items():
         now = process_start_time(pgid)
         if now and now != started:
             continue  # the leader is gone and its pid belongs to another process, which leads no group of ours
         with contextlib.suppress(OSError):  # the whole group is gone
             os.killpg(pgid, signal.SIGKILL)
+    for socket in shims:
+        kill_all(shim_pids(socket))
+    for root in cgroups:
+        empty_cgroups(root)
+    for bridge, lock in bridges.items():
+        delete_bridge(bridge, lock)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def serve(lines: list[str] | None = None) -> None:
-    """The reaper's loop: ``+group PGID START``, ``-group PGID``, ``+folder PATH``, ``-folder PATH`` on stdin, one a
-    line; at end-of-file, clean up what is left."""
+    """The reaper's loop: ``+KIND ARG`` (register) or ``-KIND ARG`` (forget) a line on stdin, KIND one of ``group``
+    (ARG: PGID START; forget by PGID), ``shims`` (containerd's socket), ``cgroup`` (a root), ``bridge`` (NAME LOCK;
+    forget by NAME) and ``folder`` (a path); at end-of-file, clean up what is left."""
     groups: dict[int, str] = {}
-    folders: set[str] = set()
+    bridges: dict[str, str] = {}
+    sets: dict[str, set[str]] = {"shims": set(), "cgroup": set(), "folder": set()}
     for line in lines if lines is not None else sys.stdin:
         op, _, arg = line.rstrip("\n").partition(" ")
-        if op == "+group":
+        sign, kind = op[:1], op[1:]
+        if kind == "group" and sign == "+":
             pgid, started = arg.split(" ", 1)
             groups[int(pgid)] = started
-        elif op == "-group":
+        elif kind == "group":
             groups.pop(int(arg), None)
-        elif op == "+folder":
-            folders.add(arg)
-        elif op == "-folder":
-            folders.discard(arg)
-    _clean_up(groups, folders)
+        elif kind == "bridge" and sign == "+":
+            bridge, lock = arg.split(" ", 1)
+            bridges[bridge] = lock
+        elif kind == "bridge":
+            bridges.pop(arg, None)
+        elif kind in sets and sign == "+":
+            sets[kind].add(arg)
+        elif kind in sets:
+            sets[kind].discard(arg)
+    _clean_up(groups, sets["shims"], sets["cgroup"], bridges, sets["folder"])
 
 
 class _Reaper:
@@ -129,6 +218,28 @@ def remove_folder_at_exit(folder: Path) -> None:
 
 def forget_folder(folder: Path) -> None:
     _REAPER._send(f"-folder {folder}")
+
+
+def kill_node_at_exit(socket: Path, cgroup_root: str) -> None:
+    """Kill the shims of the containerd on ``socket`` and each process in cgroup ``cgroup_root``, and remove the
+    cgroups, should this process die before :func:`forget_node`."""
+    _REAPER._send(f"+shims {socket}")
+    _REAPER._send(f"+cgroup {cgroup_root}")
+
+
+def forget_node(socket: Path, cgroup_root: str) -> None:
+    _REAPER._send(f"-shims {socket}")
+    _REAPER._send(f"-cgroup {cgroup_root}")
+
+
+def delete_bridge_at_exit(bridge: str, lock: Path) -> None:
+    """Delete network link ``bridge`` (unless another holds ``lock`` by then) should this process die before
+    :func:`forget_bridge`."""
+    _REAPER._send(f"+bridge {bridge} {lock}")
+
+
+def forget_bridge(bridge: str) -> None:
+    _REAPER._send(f"-bridge {bridge}")
 
 
 def reaper_pid() -> int | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from glasspipe_dev.paths import NotInstalledError, cache_dir, java_binary
+from glasspipe_dev.reaper import forget_folder, remove_folder_at_exit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -57,6 +58,11 @@ def ensure_java_env() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
+def _remove_scratch(scratch: Path) -> None:
+    shutil.rmtree(scratch, ignore_errors=True)
+    forget_folder(scratch)
+
+
 def local_spark_session(
     app_name: str,
     shuffle_partitions: int = 2,
@@ -76,7 +82,8 @@ def local_spark_session(
 
     jars = [*spark_jars(), *(str(Path(j).resolve()) for j in (extra_jars or ()))]
     scratch = Path(tempfile.mkdtemp(prefix="gp-spark-"))
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    atexit.register(_remove_scratch, scratch)
+    remove_folder_at_exit(scratch)  # should this process be killed (the JVM ends with it: its stdin closes)
     conf: dict[str, str] = {
         "spark.jars": ",".join(jars),
         "spark.driver.memory": driver_memory,

@@ -1,6 +1,8 @@
 """A test run killed outright takes its servers with it (glasspipe_dev.reaper): a process that started a real
 ClickHouse and a process group is SIGKILLed, and the server, the group and the server's temporary folder go too;
-a group stopped normally, or whose leader's pid now belongs to another process, is left alone."""
+a group stopped normally, or whose leader's pid now belongs to another process, is left alone. So do a killed
+process's local Spark scratch folder and a real node cluster's running pod, with containerd's shim (in a session of
+its own), the pod's cgroups, the CNI bridge and the cluster's folder."""
 
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from glasspipe_dev.reaper import process_start_time, read_stat, serve
+from glasspipe_dev.reaper import CGROUP_FS, cgroup_pids, process_start_time, read_stat, serve, shim_pids
 from operator_harness import wait_for
 
 pytestmark = pytest.mark.integration
@@ -41,6 +44,48 @@ time.sleep(600)
 '''
 
 
+_SPARK_OWNER = '''
+import json, time
+from pathlib import Path
+from glasspipe_dev.spark import local_spark_session
+
+session = local_spark_session("reaper-test")
+assert session.range(3).count() == 3
+jvm = session.sparkContext._jvm.ProcessHandle.current().pid()
+print(json.dumps({"scratch": str(Path(session.conf.get("spark.local.dir")).parent), "jvm": jvm}), flush=True)
+time.sleep(600)
+'''
+
+_NODE_OWNER = '''
+import json, time
+from glasspipe_dev.cluster import PAUSE_IMAGE, Cluster
+from glasspipe_dev.reaper import cgroup_pids, shim_pids
+
+cluster = Cluster().start()
+pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "held", "namespace": "default"},
+       "spec": {"containers": [{"name": "held", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}]}}
+cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+cluster.kubectl("wait", "--for=condition=Ready", "pod/held", "--timeout=120s")
+print(json.dumps({"dir": str(cluster.dir), "socket": str(cluster.sock), "cgroup": cluster.cgroup_root,
+                  "bridge": cluster.net.bridge, "shims": shim_pids(str(cluster.sock)),
+                  "pods": cgroup_pids(cluster.cgroup_root)}), flush=True)
+time.sleep(600)
+'''
+
+
+def _start_owner(script: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """A process that runs ``script`` (which prints one JSON line once its servers are up) and then sleeps."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "dev"), str(REPO / "sparkapp"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    owner = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, text=True, env=env)
+    assert owner.stdout is not None
+    line = owner.stdout.readline()
+    if not line:
+        owner.wait(timeout=10)
+        pytest.fail(f"the owner exited {owner.returncode} before its servers were up (its stderr is above)")
+    return owner, json.loads(line)
+
+
 def _group_members(pgid: int) -> list[int]:
     members = []
     for entry in Path("/proc").iterdir():
@@ -60,14 +105,9 @@ def _alive(pid: int) -> bool:
 def test_servers_die_with_a_killed_owner(tmp_path: Path, fork: bool) -> None:
     """With a forked child too (bench/join_state.py's generator): the child, which lives on, holds no copy of the
     reaper's pipe, so the owner's servers still go when the owner dies."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "dev"), os.environ.get("PYTHONPATH", "")])}
-    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path), *(["fork"] if fork else [])],
-                             stdout=subprocess.PIPE, text=True, env=env)
-    forked = None
+    owner, started = _start_owner(_OWNER, str(tmp_path), *(["fork"] if fork else []))
+    forked = started["forked"]
     try:
-        assert owner.stdout is not None
-        started = json.loads(owner.stdout.readline())
-        forked = started["forked"]
         group = started["group"]
         assert _alive(started["clickhouse"]) and Path(started["workdir"]).is_dir()
         wait_for(lambda: len(_group_members(group)) == 2, "the shell's background sleep and its exec'd one", timeout=15)
@@ -85,6 +125,48 @@ def test_servers_die_with_a_killed_owner(tmp_path: Path, fork: bool) -> None:
         if forked:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(forked, signal.SIGKILL)
+
+
+def test_a_killed_owners_spark_scratch_goes() -> None:
+    """local_spark_session's scratch folder (warehouse, spark.local.dir, Derby) goes with a killed owner, whose
+    driver JVM ends as its stdin closes; an atexit hook alone never runs on SIGKILL."""
+    owner, started = _start_owner(_SPARK_OWNER)
+    try:
+        assert Path(started["scratch"]).is_dir() and _alive(started["jvm"])
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=10)
+        wait_for(lambda: not _alive(started["jvm"]), "the driver JVM to end with its owner", timeout=30)
+        wait_for(lambda: not Path(started["scratch"]).exists(), "the Spark scratch folder to go", timeout=15)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+
+
+def _cgroups(root: str) -> list[Path]:
+    return [h / root.lstrip("/") for h in CGROUP_FS.iterdir() if (h / root.lstrip("/")).is_dir()]
+
+
+def test_a_killed_owners_node_cluster_goes() -> None:
+    """A real node with a running pod: containerd's shim runs in a session of its own and the pod's process in the
+    cluster's cgroup, so killing the owner's process groups would leave both (and the cgroups, the CNI bridge and
+    the cluster's folder) behind. The reaper takes them all."""
+    owner, started = _start_owner(_NODE_OWNER)
+    try:
+        socket, root = started["socket"], started["cgroup"]
+        assert started["shims"] and started["pods"], started
+        assert _cgroups(root) and Path(f"/sys/class/net/{started['bridge']}").exists()
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=10)
+        wait_for(lambda: not any(_alive(p) for p in started["shims"] + started["pods"]),
+                 "the pod and its shim to die with the owner", timeout=30)
+        assert not shim_pids(socket)
+        wait_for(lambda: not cgroup_pids(root), f"no process left in cgroup {root} (a zombie until reaped)", timeout=30)
+        wait_for(lambda: not _cgroups(root), f"the cgroups {root} to go", timeout=15)
+        wait_for(lambda: not Path(f"/sys/class/net/{started['bridge']}").exists(), "the CNI bridge to go", timeout=15)
+        wait_for(lambda: not Path(started["dir"]).exists(), "the cluster's folder to go", timeout=30)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
 
 
 def test_a_reused_pid_is_not_killed() -> None:
