@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from fixtures_cluster import import_project_image
-from glasspipe.contract import IMAGE_PYTHON
+from glasspipe.contract import G1_REGION_OPTION, IMAGE_PYTHON
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.cluster import CLUSTER_CIDR, Cluster, host_ip
 from glasspipe_dev.kafka import KafkaServer
@@ -102,6 +102,26 @@ def helm(cluster: Cluster, *args: str) -> str:
 def pods(cluster: Cluster, ns: str, selector: str) -> list[dict[str, Any]]:
     out = cluster.kubectl("get", "pods", "-n", ns, "-l", selector, "-o", "json").stdout
     return list(json.loads(out)["items"])
+
+
+_LIST_COMMAND_LINES = """
+import glob, json
+found = []
+for path in glob.glob("/proc/[0-9]*/cmdline"):
+    try:
+        found.append(open(path, "rb").read().decode(errors="replace").split("\\0"))
+    except OSError:
+        pass
+print(json.dumps(found))
+"""
+
+
+def driver_jvm_arguments(cluster: Cluster, ns: str, pod: str) -> list[str]:
+    """The command line of the JVM in a driver pod (the one that runs SparkSubmit), read from the pod's /proc."""
+    out = cluster.kubectl("exec", pod, "-n", ns, "--", IMAGE_PYTHON, "-c", _LIST_COMMAND_LINES).stdout
+    jvms = [argv for argv in json.loads(out) if "org.apache.spark.deploy.SparkSubmit" in argv]
+    assert len(jvms) == 1, json.loads(out)
+    return list(jvms[0])
 
 
 def app_states(op: Operator, ns: str) -> dict[str, tuple[str, int, str]]:
@@ -323,6 +343,12 @@ def _steps(tmp_path: Path, cluster: Cluster, op: Operator, so: SparkOperator, ka
     assert pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "250m"
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0].get("env") or []}
     assert env.get("PYSPARK_PYTHON") == env.get("PYSPARK_DRIVER_PYTHON") == IMAGE_PYTHON, env
+    # The job's own Spark settings (contract.REQUIRED_SPARK_CONF) reach the driver through spark-operator: the
+    # default Java options on the JVM's command line ahead of the spec's extraJavaOptions, the rest in its properties.
+    jvm = driver_jvm_arguments(cluster, ns, driver)
+    assert jvm.index(G1_REGION_OPTION) < jvm.index("-XX:+UseSerialGC"), jvm
+    properties = cluster.kubectl("exec", driver, "-n", ns, "--", "cat", "/opt/spark/conf/spark.properties").stdout
+    assert "spark.task.maxDirectResultSize=64m" in properties.splitlines(), properties
     figure("kubectl apply -> Ready", t_apply)
     wait_rows(2000)
     figure("kubectl apply -> 2000 exact rows", t_apply)
