@@ -8,12 +8,15 @@ A failed build fails the run loudly, naming the script (never a skip).
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from glasspipe_dev.reaper import forget_command, run_at_exit
 
 REPO = Path(__file__).resolve().parents[1]
 INSTALL = "dev/install/images.sh"
@@ -29,6 +32,20 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
         raise AssertionError(f"podman {' '.join(args)} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
                              f"{done.stderr[-6000:]}")
     return done
+
+
+@contextlib.contextmanager
+def removed_container(name: str) -> Iterator[str]:
+    """``name`` for a container that runs on (``run_argv(name=...)``), removed when the block ends, or by
+    glasspipe_dev.reaper should the test run be killed first: podman's conmon keeps a container running without the
+    ``podman run`` that started it."""
+    remove = [*PODMAN, "rm", "--force", "--ignore", "--time", "0", name]
+    run_at_exit(remove)
+    try:
+        yield name
+    finally:
+        subprocess.run(remove, capture_output=True, timeout=120, check=False)
+        forget_command(remove)
 
 
 @dataclass(frozen=True)

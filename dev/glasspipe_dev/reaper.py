@@ -3,11 +3,13 @@
 A test run killed with SIGKILL (``pkill -9 -f pytest``, a CI timeout, the OOM killer) never runs its fixtures'
 ``close()``: its Kafka, ClickHouse, pipelines and Kubernetes parts run on in their own sessions, and the next run or
 benchmark shares the machine with them. So each process that starts servers starts one reaper beside it: a small
-process in its own session that reads what to clean up from a pipe: process groups, temporary folders, and the parts
-of a node cluster that are no group of ours (containerd's shims, which leave containerd's session by design; the
-pods' cgroups; the CNI bridge). A pipe's reader sees end-of-file when its last writer dies, whatever killed it; the
-reaper then SIGKILLs each group still registered, each shim and each process in a registered cgroup, and removes the
-cgroups, the bridge and each folder. A part stopped normally is taken off its list first.
+process in its own session that reads what to clean up from a pipe: process groups, temporary folders, the parts of
+a node cluster that are no group of ours (containerd's shims, which leave containerd's session by design; the pods'
+cgroups; the CNI bridge), and commands that remove what only its own tool can (``podman rm`` of a container, which
+podman's conmon keeps running without the ``podman run`` that started it). A pipe's reader sees end-of-file when its
+last writer dies, whatever killed it; the reaper then SIGKILLs each group still registered, each shim and each
+process in a registered cgroup, runs each command, and removes the cgroups, the bridge and each folder. A part
+stopped normally is taken off its list first.
 
 This file runs as a script (``python reaper.py``) so that it needs nothing on the reaper's import path.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 CGROUP_FS = Path("/sys/fs/cgroup")
@@ -117,7 +121,7 @@ def kill_all(pids: list[int]) -> None:
 
 
 def _clean_up(groups: dict[int, str], shims: set[str], cgroups: set[str], bridges: dict[str, str],
-              folders: set[str]) -> None:
+              commands: set[str], folders: set[str]) -> None:
     for pgid, started in groups.items():
         now = process_start_time(pgid)
         if now and now != started:
@@ -130,6 +134,10 @@ def _clean_up(groups: dict[int, str], shims: set[str], cgroups: set[str], bridge
         empty_cgroups(root)
     for bridge, lock in bridges.items():
         delete_bridge(bridge, lock)
+    for command in commands:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
+            subprocess.run(json.loads(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=120, check=False)
     for folder in folders:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -137,10 +145,10 @@ def _clean_up(groups: dict[int, str], shims: set[str], cgroups: set[str], bridge
 def serve(lines: list[str] | None = None) -> None:
     """The reaper's loop: ``+KIND ARG`` (register) or ``-KIND ARG`` (forget) a line on stdin, KIND one of ``group``
     (ARG: PGID START; forget by PGID), ``shims`` (containerd's socket), ``cgroup`` (a root), ``bridge`` (NAME LOCK;
-    forget by NAME) and ``folder`` (a path); at end-of-file, clean up what is left."""
+    forget by NAME), ``command`` (an argv as JSON) and ``folder`` (a path); at end-of-file, clean up what is left."""
     groups: dict[int, str] = {}
     bridges: dict[str, str] = {}
-    sets: dict[str, set[str]] = {"shims": set(), "cgroup": set(), "folder": set()}
+    sets: dict[str, set[str]] = {"shims": set(), "cgroup": set(), "command": set(), "folder": set()}
     for line in lines if lines is not None else sys.stdin:
         op, _, arg = line.rstrip("\n").partition(" ")
         sign, kind = op[:1], op[1:]
@@ -158,7 +166,7 @@ def serve(lines: list[str] | None = None) -> None:
             sets[kind].add(arg)
         elif kind in sets:
             sets[kind].discard(arg)
-    _clean_up(groups, sets["shims"], sets["cgroup"], bridges, sets["folder"])
+    _clean_up(groups, sets["shims"], sets["cgroup"], bridges, sets["command"], sets["folder"])
 
 
 class _Reaper:
@@ -240,6 +248,15 @@ def delete_bridge_at_exit(bridge: str, lock: Path) -> None:
 
 def forget_bridge(bridge: str) -> None:
     _REAPER._send(f"-bridge {bridge}")
+
+
+def run_at_exit(argv: Sequence[str]) -> None:
+    """Run ``argv`` (to its end, at most two minutes) should this process die before :func:`forget_command`."""
+    _REAPER._send(f"+command {json.dumps(list(argv))}")
+
+
+def forget_command(argv: Sequence[str]) -> None:
+    _REAPER._send(f"-command {json.dumps(list(argv))}")
 
 
 def reaper_pid() -> int | None:

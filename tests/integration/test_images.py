@@ -5,9 +5,12 @@ driver entrypoint runs the job against the local Kafka and ClickHouse with exact
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import signal
 import subprocess
+import sys
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -17,7 +20,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fixtures_images import REPO, Image, podman
+from fixtures_images import REPO, Image, podman, removed_container
 from glasspipe import contract
 from glasspipe.api.validation import validate_resource
 from glasspipe.contract import JOB_MAIN
@@ -92,23 +95,20 @@ def test_operator_image_reconciles_an_example_as_the_chart_runs_it(
             network="host", name=container, user=f"{uid}:{uid}", read_only=True,
             volumes=[f"{kubeconfig}:/etc/glasspipe/kubeconfig:ro"], env={"KUBECONFIG": "/etc/glasspipe/kubeconfig"})
 
-    try:
-        with running_operator(kube, tmp_path / "operator.log", command) as op:
-            ns = op.new_namespace()
-            doc = load_example("sms-dedup.yaml")
-            doc["metadata"] = {"name": "sms", "namespace": ns}
-            op.k("apply", "-f", "-", input=json.dumps(doc))
-            app = op.wait_apps(ns, ["sms-0"], timeout=90)["sms-0"]
-            created = op.pipeline(ns, "sms")
-            spec, _ = validate_resource(created)
-            want = render_spark_applications(ns, "sms", created["metadata"]["uid"], spec)[0]
-            assert app["spec"] == want["spec"]
-            op.wait_condition(ns, "sms", "Progressing", "True", "ReplicasStarting", timeout=60)
-            op.set_state(ns, "sms-0", "RUNNING")  # what spark-operator would write
-            op.wait_condition(ns, "sms", "Ready", "True", "AllReplicasRunning", timeout=60)
-            assert "glasspipe_operator_reconciles_total" in op.metrics()
-    finally:
-        podman("rm", "--force", "--ignore", container, check=False)
+    with removed_container(container), running_operator(kube, tmp_path / "operator.log", command) as op:
+        ns = op.new_namespace()
+        doc = load_example("sms-dedup.yaml")
+        doc["metadata"] = {"name": "sms", "namespace": ns}
+        op.k("apply", "-f", "-", input=json.dumps(doc))
+        app = op.wait_apps(ns, ["sms-0"], timeout=90)["sms-0"]
+        created = op.pipeline(ns, "sms")
+        spec, _ = validate_resource(created)
+        want = render_spark_applications(ns, "sms", created["metadata"]["uid"], spec)[0]
+        assert app["spec"] == want["spec"]
+        op.wait_condition(ns, "sms", "Progressing", "True", "ReplicasStarting", timeout=60)
+        op.set_state(ns, "sms-0", "RUNNING")  # what spark-operator would write
+        op.wait_condition(ns, "sms", "Ready", "True", "AllReplicasRunning", timeout=60)
+        assert "glasspipe_operator_reconciles_total" in op.metrics()
 
 
 def render_example(name: str, **spec_changes: Any) -> dict[str, Any]:
@@ -272,7 +272,7 @@ def test_spark_image_driver_runs_the_job_exactly_once(
         return rows >= 300 and len(lag) == 2 and all(c == end for c, end in lag.values())
 
     started = time.monotonic()
-    with log.open("w") as out:
+    with removed_container(container), log.open("w") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for("300 rows and the group's offsets at the end", lambda: proc.poll() is not None or landed(),
@@ -299,3 +299,42 @@ def test_spark_image_driver_runs_the_job_exactly_once(
     assert "org.apache.spark.SparkContext source: shared objects file" in loaded, loaded[-3000:]
     print(f"image job: {loaded.count('source: shared objects file')} classes mapped from the CDS archive, "
           f"{loaded.count('source: jar:') + loaded.count('source: file:')} loaded from jars")
+
+
+_CONTAINER_OWNER = """
+import subprocess, sys, time
+from fixtures_images import SPARK_REF, Image, podman, removed_container
+
+with removed_container(sys.argv[1]) as name:
+    run = subprocess.Popen(Image(SPARK_REF).run_argv("-c", "sleep 600", entrypoint="bash", name=name))
+    while podman("container", "inspect", "--format", "{{.State.Running}}", name, check=False).stdout.strip() != "true":
+        assert run.poll() is None, f"podman run exited {run.returncode}"
+        time.sleep(0.2)
+    print(run.pid, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_test_runs_container_is_removed(spark_image: Image) -> None:
+    """A container that runs on (the operator's, the driver's) is removed when the process that started it is
+    SIGKILLed: podman's conmon keeps it running without its ``podman run``, so glasspipe_dev.reaper runs
+    ``podman rm`` (tests/fixtures_images.removed_container)."""
+    name = f"gp-reaped-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO / "dev"),
+                                                        os.environ.get("PYTHONPATH", "")])}
+    owner = subprocess.Popen([sys.executable, "-c", _CONTAINER_OWNER, name], stdout=subprocess.PIPE, text=True,
+                             env=env)
+    try:
+        assert owner.stdout is not None
+        run_pid = int(owner.stdout.readline() or 0)
+        assert run_pid, f"the owner exited {owner.wait(timeout=10)} before its container ran"
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 90
+        while podman("container", "exists", name, check=False).returncode == 0:
+            assert time.monotonic() < deadline, f"container {name} still there 90 s after its owner was killed"
+            time.sleep(0.5)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        podman("rm", "--force", "--ignore", "--time", "0", name, check=False)

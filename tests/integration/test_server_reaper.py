@@ -187,3 +187,14 @@ def test_a_reused_pid_is_not_killed() -> None:
     finally:
         if other.poll() is None:
             other.kill()
+
+
+def test_a_registered_command_runs_unless_forgotten(tmp_path: Path) -> None:
+    """``+command`` (tests/fixtures_images.removed_container's ``podman rm``) runs at the end, ``-command`` takes it
+    off; a command that fails or is missing does not stop the rest of the clean-up."""
+    ran, forgotten, folder = tmp_path / "ran", tmp_path / "forgotten", tmp_path / "folder"
+    folder.mkdir()
+    serve([f"+command {json.dumps(['touch', str(forgotten)])}\n", f"+command {json.dumps(['false'])}\n",
+           f"+command {json.dumps(['/no/such/program'])}\n", f"+command {json.dumps(['touch', str(ran)])}\n",
+           f"-command {json.dumps(['touch', str(forgotten)])}\n", f"+folder {folder}\n"])
+    assert ran.exists() and not forgotten.exists() and not folder.exists()
