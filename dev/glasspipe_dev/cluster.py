@@ -90,8 +90,10 @@ def host_ip() -> str:
 
 
 class PodNetwork:
-    """This cluster's CNI bridge and pod subnet: the first index from 1 whose lock is free and whose
-    bridge and subnet the host does not have (a foreign cluster's, or a crashed one's, are skipped)."""
+    """This cluster's CNI bridge and pod subnet: the first index from 1 whose lock is free and whose subnet the host
+    does not route (a foreign network's is skipped). A bridge of that index with its lock free is a crashed
+    cluster's whose reaper died too (a live cluster holds its lock for its lifetime): it is deleted and the index
+    taken back."""
 
     def __init__(self) -> None:
         POD_NETWORK_LOCKS.mkdir(parents=True, exist_ok=True)
@@ -103,6 +105,8 @@ class PodNetwork:
                 lock.close()
                 continue
             bridge, subnet = f"gpcni{index}", f"10.244.{index}.0/24"
+            if Path(f"/sys/class/net/{bridge}").exists():
+                subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
             routed = subprocess.run(["ip", "route", "show", subnet], capture_output=True, text=True).stdout.strip()
             if Path(f"/sys/class/net/{bridge}").exists() or routed:
                 lock.close()

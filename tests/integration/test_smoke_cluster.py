@@ -4,14 +4,17 @@ Succeeded and its log is readable; the garbage collector deletes a child whose o
 from __future__ import annotations
 
 import json
+import subprocess
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fixtures_cluster import import_project_image
 from glasspipe_dev.cluster import NODE_NAME, Cluster, PodNetwork
+from glasspipe_dev.reaper import forget_bridge
 
 # One worker owns the node cluster (dev/test.sh: pytest-xdist --dist loadgroup): it starts once.
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("node")]
@@ -110,3 +113,23 @@ def test_each_cluster_has_its_own_bridge_and_pod_subnet(cluster: Cluster) -> Non
         assert other.subnet.startswith("10.244.") and other.bridge.startswith("gpcni")
     finally:
         other.release()
+
+
+def test_a_crashed_clusters_bridge_is_taken_back() -> None:
+    """A cluster killed with its reaper leaves its bridge (made by the CNI plugin) and frees its index's lock: the
+    next cluster deletes the bridge and takes the index, instead of skipping it for good."""
+    crashed = PodNetwork()
+    bridge, index = crashed.bridge, crashed.index
+    subprocess.run(["ip", "link", "add", bridge, "type", "bridge"], check=True)
+    subprocess.run(["ip", "addr", "add", f"10.244.{index}.1/24", "dev", bridge], check=True)
+    subprocess.run(["ip", "link", "set", bridge, "up"], check=True)
+    assert crashed._lock is not None
+    crashed._lock.close()  # the process died: its lock is free, its bridge and the bridge's route stay
+    forget_bridge(bridge)
+    successor = PodNetwork()
+    try:
+        assert (successor.index, successor.bridge) == (index, bridge)
+        assert not Path(f"/sys/class/net/{bridge}").exists(), "the crashed cluster's bridge is still there"
+    finally:
+        successor.release()
+        subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
