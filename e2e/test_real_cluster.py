@@ -117,11 +117,16 @@ print(json.dumps(found))
 
 
 def driver_jvm_arguments(cluster: Cluster, ns: str, pod: str) -> list[str]:
-    """The command line of the JVM in a driver pod (the one that runs SparkSubmit), read from the pod's /proc."""
-    out = cluster.kubectl("exec", pod, "-n", ns, "--", IMAGE_PYTHON, "-c", _LIST_COMMAND_LINES).stdout
-    jvms = [argv for argv in json.loads(out) if "org.apache.spark.deploy.SparkSubmit" in argv]
-    assert len(jvms) == 1, json.loads(out)
-    return list(jvms[0])
+    """The command line of the driver JVM in a driver pod (java running SparkSubmit), read from the pod's /proc.
+    A pod is Running while spark-class still runs Spark's launcher (a java of its own, naming SparkSubmit as its
+    argument), so wait for the driver's JVM itself."""
+    def driver_jvm() -> list[str] | None:
+        out = cluster.kubectl("exec", pod, "-n", ns, "--", IMAGE_PYTHON, "-c", _LIST_COMMAND_LINES).stdout
+        jvms = [argv for argv in json.loads(out) if argv and argv[0].endswith("java")
+                and "org.apache.spark.deploy.SparkSubmit" in argv and "org.apache.spark.launcher.Main" not in argv]
+        assert len(jvms) <= 1, jvms
+        return list(jvms[0]) if jvms else None
+    return wait_for(driver_jvm, f"the driver JVM in pod {pod}", 120, interval=1.0)
 
 
 def app_states(op: Operator, ns: str) -> dict[str, tuple[str, int, str]]:
