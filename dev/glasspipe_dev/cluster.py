@@ -41,12 +41,14 @@ from glasspipe_dev.process import ServerProcess, free_port
 from glasspipe_dev.reaper import (
     cgroup_pids,
     delete_bridge_at_exit,
+    delete_link,
     empty_cgroups,
     forget_bridge,
     forget_folder,
     forget_node,
     kill_all,
     kill_node_at_exit,
+    remove_folder,
     remove_folder_at_exit,
     shim_pids,
 )
@@ -98,15 +100,15 @@ class PodNetwork:
     def __init__(self) -> None:
         POD_NETWORK_LOCKS.mkdir(parents=True, exist_ok=True)
         for index in range(1, 255):
-            lock = (POD_NETWORK_LOCKS / f"{index}.lock").open("w")
+            lock_path = POD_NETWORK_LOCKS / f"{index}.lock"
+            lock = lock_path.open("w")
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 lock.close()
                 continue
             bridge, subnet = f"gpcni{index}", f"10.244.{index}.0/24"
-            if Path(f"/sys/class/net/{bridge}").exists():
-                subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+            delete_link(bridge)
             routed = subprocess.run(["ip", "route", "show", subnet], capture_output=True, text=True).stdout.strip()
             if Path(f"/sys/class/net/{bridge}").exists() or routed:
                 lock.close()
@@ -114,7 +116,7 @@ class PodNetwork:
             self.index, self.bridge, self.subnet = index, bridge, subnet
             self.prefix = f"10.244.{index}."
             self._lock: IO[str] | None = lock
-            delete_bridge_at_exit(bridge, POD_NETWORK_LOCKS / f"{index}.lock")  # the CNI plugin makes it later
+            delete_bridge_at_exit(bridge, lock_path)  # the CNI plugin makes it later
             return
         raise RuntimeError(f"no free pod network: every 10.244.N.0/24 (N 1-254) is taken ({POD_NETWORK_LOCKS})")
 
@@ -122,8 +124,7 @@ class PodNetwork:
         """Remove the bridge (the CNI plugin made it in the host's network namespace) and free the index."""
         if self._lock is None:
             return
-        if Path(f"/sys/class/net/{self.bridge}").exists():
-            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
+        delete_link(self.bridge)
         self._lock.close()
         self._lock = None
         forget_bridge(self.bridge)
@@ -514,8 +515,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             self.net.release()
         self.api.stop()
         if self._own_dir and not self.keep_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        forget_folder(self.dir)
+            remove_folder(self.dir)
+        else:
+            forget_folder(self.dir)
 
     def logs(self) -> str:
         parts = [self.api.logs()] + [f"--- {p.name} ---\n{p.log_tail()}" for p in self.procs]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -13,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
-from glasspipe_dev.reaper import forget_folder, forget_group, kill_group_at_exit, remove_folder_at_exit
+from glasspipe_dev.reaper import forget_group, kill_group_at_exit, remove_folder, remove_folder_at_exit
 
 # Ports handed out below the kernel's ephemeral range, a block per pytest-xdist worker: a port from
 # bind(0) is ephemeral, so another worker's bind(0) or any outgoing connection (a Kafka client's) could
@@ -230,8 +229,7 @@ class RestartableServer:
         """Stop for good and remove the temporary folder (only if we created it)."""
         self.stop()
         if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-            forget_folder(self.workdir)
+            remove_folder(self.workdir)
 
     def __enter__(self) -> Self:
         return self.start()

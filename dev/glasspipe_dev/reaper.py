@@ -100,8 +100,13 @@ def delete_bridge(bridge: str, lock: str) -> None:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return
-        if Path(f"/sys/class/net/{bridge}").exists():
-            subprocess.run(["ip", "link", "delete", bridge], capture_output=True, check=False)
+        delete_link(bridge)
+
+
+def delete_link(name: str) -> None:
+    """Delete network link ``name`` if the host has it."""
+    if Path(f"/sys/class/net/{name}").exists():
+        subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
 
 
 def empty_cgroups(root: str, timeout: float = 10.0) -> None:
@@ -226,6 +231,12 @@ def remove_folder_at_exit(folder: Path) -> None:
 
 def forget_folder(folder: Path) -> None:
     _REAPER._send(f"-folder {folder}")
+
+
+def remove_folder(folder: Path) -> None:
+    """Remove ``folder`` now, and take it off the reaper's list."""
+    shutil.rmtree(folder, ignore_errors=True)
+    forget_folder(folder)
 
 
 def kill_node_at_exit(socket: Path, cgroup_root: str) -> None:

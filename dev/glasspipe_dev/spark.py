@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import sys
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from glasspipe_dev.paths import NotInstalledError, cache_dir, java_binary
-from glasspipe_dev.reaper import forget_folder, remove_folder_at_exit
+from glasspipe_dev.reaper import remove_folder, remove_folder_at_exit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -58,11 +57,6 @@ def ensure_java_env() -> None:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 
-def _remove_scratch(scratch: Path) -> None:
-    shutil.rmtree(scratch, ignore_errors=True)
-    forget_folder(scratch)
-
-
 def local_spark_session(
     app_name: str,
     shuffle_partitions: int = 2,
@@ -82,7 +76,7 @@ def local_spark_session(
 
     jars = [*spark_jars(), *(str(Path(j).resolve()) for j in (extra_jars or ()))]
     scratch = Path(tempfile.mkdtemp(prefix="gp-spark-"))
-    atexit.register(_remove_scratch, scratch)
+    atexit.register(remove_folder, scratch)
     remove_folder_at_exit(scratch)  # should this process be killed (the JVM ends with it: its stdin closes)
     conf: dict[str, str] = {
         "spark.jars": ",".join(jars),
