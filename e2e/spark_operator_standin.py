@@ -305,6 +305,7 @@ class SparkOperatorStandIn:
     def _exited(self, d: Driver, obj: dict[str, Any], rc: int) -> None:
         assert d.proc is not None
         tail = d.proc.log_tail(15)
+        d.proc.stop()  # exited: takes its TMPDIR (the driver's scratch) with it
         d.proc = None
         self._pid_file(d).unlink(missing_ok=True)
         self._set_pod_phase(d, "Succeeded" if rc == 0 else "Failed", self._terminated(d, obj, rc))
@@ -372,7 +373,7 @@ class SparkOperatorStandIn:
         termination_log = folder / "termination-log"  # the container's /dev/termination-log
         termination_log.unlink(missing_ok=True)
         env[contract.ENV_TERMINATION_LOG] = str(termination_log)
-        d.proc = ServerProcess(f"driver {d.key}", argv, log_path, env=env, cwd=folder).start()
+        d.proc = ServerProcess(f"driver {d.key}", argv, log_path, env=env, cwd=folder, own_temp_dir=True).start()
         assert d.proc.proc is not None
         self._pid_file(d).write_text(f"{d.proc.proc.pid}\n")
         d.started = time.monotonic()
@@ -489,6 +490,7 @@ class SparkOperatorStandIn:
                     d.kill_at = None
                 continue
             self.terminating.remove(d)
+            d.proc.stop()  # exited: takes its TMPDIR (the driver's scratch) with it
             d.proc = None
             self._forget_pid(d, pid)
             self._delete_pod(d, grace=0)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from glasspipe_dev.paths import REPO_ROOT
 from glasspipe_dev.process import ServerProcess
+from glasspipe_dev.reaper import remove_folder, temp_dir_at_exit
 
 
 def load_example(name: str) -> dict[str, Any]:
@@ -106,10 +108,21 @@ def run_to_end(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path
                timeout: float = 600, launcher: Sequence[str] = CLI) -> subprocess.CompletedProcess[str]:
     """Process what is in the topics now (availableNow) and stop; raise with the logs on failure."""
     argv = run_argv(pipeline, bootstrap, clickhouse, checkpoint, "--available-now", *extra, launcher=launcher)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    done = run_job(argv, timeout)
     if done.returncode != 0:
         raise RuntimeError(f"glasspipe run failed ({done.returncode}):\n{done.stdout[-4000:]}\n{done.stderr[-8000:]}")
     return done
+
+
+def run_job(argv: Sequence[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a job to its end with a TMPDIR of its own, removed after it: the Spark scratch a run killed on the
+    timeout leaves behind goes too."""
+    temp_dir = temp_dir_at_exit("gp-tmp-")
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False,
+                              env={**os.environ, "TMPDIR": str(temp_dir)})
+    finally:
+        remove_folder(temp_dir)
 
 
 def start_continuous(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint: Path, log: Path,
@@ -117,7 +130,7 @@ def start_continuous(pipeline: Path, bootstrap: str, clickhouse: str, checkpoint
     """A long-running job (processing-time trigger) in its own process group, killable at any time; ``env`` is
     added to this process's environment."""
     return ServerProcess("glasspipe-run", run_argv(pipeline, bootstrap, clickhouse, checkpoint, *extra,
-                                                   launcher=launcher), log, env=env).start()
+                                                   launcher=launcher), log, env=env, own_temp_dir=True).start()
 
 
 def totals(stdout: str) -> str:

@@ -6,13 +6,12 @@ import os
 import signal
 import socket
 import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Self
 
-from glasspipe_dev.reaper import forget_group, kill_group_at_exit, remove_folder, remove_folder_at_exit
+from glasspipe_dev.reaper import forget_group, kill_group_at_exit, remove_folder, temp_dir_at_exit
 
 # Ports handed out below the kernel's ephemeral range, a block per pytest-xdist worker: a port from
 # bind(0) is ephemeral, so another worker's bind(0) or any outgoing connection (a Kafka client's) could
@@ -94,16 +93,24 @@ class ServerProcess:
         log_path: Path,
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        own_temp_dir: bool = False,
     ) -> None:
+        """``own_temp_dir``: the child's TMPDIR is a folder of its own, removed once it has stopped or been killed
+        (a Spark driver's scratch, which a killed JVM leaves behind)."""
         self.name = name
         self.argv = list(argv)
         self.log_path = log_path
         self.env = {**os.environ, **(env or {})}
         self.cwd = cwd
+        self.own_temp_dir = own_temp_dir
+        self.temp_dir: Path | None = None
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.own_temp_dir:
+            self.temp_dir = temp_dir_at_exit("gp-tmp-")
+            self.env["TMPDIR"] = str(self.temp_dir)
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         self.proc = subprocess.Popen(
             self.argv,
@@ -146,6 +153,7 @@ class ServerProcess:
         """SIGTERM the whole process group (or only its leader, ``term_group=False``, for a leader that stops its
         own children), then SIGKILL the group if it lingers."""
         if self.proc is None or self.proc.poll() is not None:
+            self._remove_temp_dir()
             return
         pgid = os.getpgid(self.proc.pid)
         if term_group:
@@ -158,6 +166,7 @@ class ServerProcess:
             os.killpg(pgid, signal.SIGKILL)
             self.proc.wait(timeout=10)
         forget_group(pgid)
+        self._remove_temp_dir()
 
     def kill(self) -> None:
         """SIGKILL the process group: a crash, not a shutdown."""
@@ -165,6 +174,12 @@ class ServerProcess:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
             forget_group(self.proc.pid)
+        self._remove_temp_dir()
+
+    def _remove_temp_dir(self) -> None:
+        if self.temp_dir is not None and self.proc is not None and self.proc.poll() is not None:
+            remove_folder(self.temp_dir)
+            self.temp_dir = None
 
 
 class RestartableServer:
@@ -186,9 +201,7 @@ class RestartableServer:
     def _set_workdir(self, workdir: Path | None, prefix: str) -> None:
         """``workdir``, or a temporary folder of ours: removed by close(), or should this process die first."""
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix=prefix))
-        if self._own_workdir:
-            remove_folder_at_exit(self.workdir)
+        self.workdir = Path(workdir) if workdir is not None else temp_dir_at_exit(prefix)
 
     def running(self) -> bool:
         return self._process is not None and self._process.alive()

@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -231,6 +232,13 @@ def remove_folder_at_exit(folder: Path) -> None:
 
 def forget_folder(folder: Path) -> None:
     _REAPER._send(f"-folder {folder}")
+
+
+def temp_dir_at_exit(prefix: str) -> Path:
+    """A new temporary folder, removed should this process die before :func:`remove_folder` removes it."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    remove_folder_at_exit(folder)
+    return folder
 
 
 def remove_folder(folder: Path) -> None:

@@ -11,13 +11,12 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from glasspipe_dev.paths import NotInstalledError, cache_dir, java_binary
-from glasspipe_dev.reaper import remove_folder, remove_folder_at_exit
+from glasspipe_dev.reaper import remove_folder, temp_dir_at_exit
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,9 +74,8 @@ def local_spark_session(
     from glasspipe_job.session import spark_session
 
     jars = [*spark_jars(), *(str(Path(j).resolve()) for j in (extra_jars or ()))]
-    scratch = Path(tempfile.mkdtemp(prefix="gp-spark-"))
+    scratch = temp_dir_at_exit("gp-spark-")  # should this process be killed (the JVM ends with it: its stdin closes)
     atexit.register(remove_folder, scratch)
-    remove_folder_at_exit(scratch)  # should this process be killed (the JVM ends with it: its stdin closes)
     conf: dict[str, str] = {
         "spark.jars": ",".join(jars),
         "spark.driver.memory": driver_memory,
@@ -92,7 +90,8 @@ def local_spark_session(
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.warehouse.dir": str(scratch / "warehouse"),
         "spark.local.dir": str(scratch / "local"),
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'}",
+        # java.io.tmpdir: the native libraries RocksDB and LZ4 unpack (15 MB a JVM), which a killed JVM leaves.
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'} -Djava.io.tmpdir={scratch}",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.sql.streaming.numRecentProgressUpdates": "20",
         "spark.python.worker.reuse": "true",

@@ -463,3 +463,29 @@ def test_a_record_late_for_its_first_writer_stays_late_when_the_next_writer_read
         ("x", "repeat"), ("y", "repeat")]
     dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=2)
     assert sorted(json.loads(m.value())["status"] for m in dead) == ["late", "late"]
+
+
+def test_a_killed_jobs_spark_scratch_goes_with_it(tmp_path: Path, kafka: KafkaServer,
+                                                   clickhouse: ClickHouseServer) -> None:
+    """A SIGKILLed driver runs no shutdown hook: its Spark scratch (the jars, the state stores' working copies, the
+    block manager's files; 34 MB a run) stayed in /tmp, 86 folders a CI run. It now lands in the job's TMPDIR,
+    which goes with the job."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=2)
+    produce(kafka.bootstrap, topic, [sms(f"s-{i:03d}", "first", T0 + timedelta(seconds=i)) for i in range(100)])
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
+                           tmp_path / "job.log")
+    temp_dir = job.temp_dir
+    assert temp_dir is not None
+    try:
+        deadline = time.monotonic() + 240
+        while _count(clickhouse, table) < 100:
+            assert job.alive() and time.monotonic() < deadline, f"no rows landed; log:\n{job.log_tail()}"
+            time.sleep(0.5)
+        found = sorted(p.relative_to(temp_dir).as_posix() for p in temp_dir.glob("*/*"))
+        print(f"in the job's TMPDIR: {found}")
+        assert any(p.startswith("spark-") and "/userFiles-" in p for p in found), found
+        assert any(p.startswith("spark-") and "/StateStoreId(" in p for p in found), found
+        assert any(p.startswith("blockmgr-") for p in found), found
+    finally:
+        job.kill()
+    assert not temp_dir.exists()

@@ -28,6 +28,7 @@ from glasspipe_dev.pipelines import (
     load_example,
     produce,
     run_argv,
+    run_job,
     totals,
     write_pipeline,
 )
@@ -98,7 +99,7 @@ def run(path: Path, kafka: SecureKafkaServer, ch: ClickHouseServer, listener: st
     argv = run_argv(path, kafka.bootstrap_for(listener), f"127.0.0.1:{ch.secure_port}", checkpoint,
                     "--available-now", "--secrets-dir", str(secrets))
     started = time.monotonic()
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False)
+    done = run_job(argv, timeout=600)
     print(f"glasspipe run over {listener}: exit {done.returncode} in {time.monotonic() - started:.1f} s")
     return done
 

@@ -51,8 +51,10 @@ from glasspipe_dev.spark import local_spark_session
 
 session = local_spark_session("reaper-test")
 assert session.range(3).count() == 3
-jvm = session.sparkContext._jvm.ProcessHandle.current().pid()
-print(json.dumps({"scratch": str(Path(session.conf.get("spark.local.dir")).parent), "jvm": jvm}), flush=True)
+jvm = session.sparkContext._jvm
+print(json.dumps({"scratch": str(Path(session.conf.get("spark.local.dir")).parent),
+                  "jvm": jvm.ProcessHandle.current().pid(),
+                  "tmpdir": jvm.System.getProperty("java.io.tmpdir")}), flush=True)
 time.sleep(600)
 '''
 
@@ -128,11 +130,13 @@ def test_servers_die_with_a_killed_owner(tmp_path: Path, fork: bool) -> None:
 
 
 def test_a_killed_owners_spark_scratch_goes() -> None:
-    """local_spark_session's scratch folder (warehouse, spark.local.dir, Derby) goes with a killed owner, whose
-    driver JVM ends as its stdin closes; an atexit hook alone never runs on SIGKILL."""
+    """local_spark_session's scratch folder (warehouse, spark.local.dir, Derby, and java.io.tmpdir, where RocksDB
+    and LZ4 unpack their native libraries) goes with a killed owner, whose driver JVM ends as its stdin closes; an
+    atexit hook alone never runs on SIGKILL."""
     owner, started = _start_owner(_SPARK_OWNER)
     try:
         assert Path(started["scratch"]).is_dir() and _alive(started["jvm"])
+        assert started["tmpdir"] == started["scratch"]
         os.kill(owner.pid, signal.SIGKILL)
         owner.wait(timeout=10)
         wait_for(lambda: not _alive(started["jvm"]), "the driver JVM to end with its owner", timeout=30)

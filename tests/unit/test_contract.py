@@ -202,3 +202,18 @@ def test_the_state_store_snapshots_about_once_a_maintenance_interval(max_delay: 
 def test_the_snapshot_interval_follows_a_maintenance_interval_the_user_sets(interval: str, batches: int) -> None:
     # 2min: a form glasspipe does not read, so Spark's 60 s
     assert snapshot_batches("1s", {contract.MAINTENANCE_INTERVAL_CONF: interval}) == str(batches)
+
+
+def test_a_local_run_puts_the_drivers_java_tmpdir_after_the_required_java_options() -> None:
+    """A local run's Spark scratch follows TMPDIR (Java itself ignores it); the job's required G1 option stays."""
+    from glasspipe_job.config import config_from_resource
+    from glasspipe_job.session import with_temp_dir
+
+    doc = yaml.safe_load((ROOT / "examples" / "sms-dedup.yaml").read_text())
+    conf = load_job_config(config_from_resource(doc)).spark_conf
+    got = with_temp_dir(conf, "/tmp/gp tmp-1")
+    options = f"{contract.G1_REGION_OPTION} -Djava.io.tmpdir='/tmp/gp tmp-1'"
+    assert got[contract.DRIVER_DEFAULT_JAVA_OPTIONS_CONF] == options
+    assert {k: v for k, v in got.items() if k != contract.DRIVER_DEFAULT_JAVA_OPTIONS_CONF} == {
+        k: v for k, v in conf.items() if k != contract.DRIVER_DEFAULT_JAVA_OPTIONS_CONF}
+    assert with_temp_dir({}, "/tmp")[contract.DRIVER_DEFAULT_JAVA_OPTIONS_CONF] == "-Djava.io.tmpdir=/tmp"
