@@ -22,8 +22,8 @@ for sub in ("dev", "operator", "sparkapp"):
 
 from glasspipe.api.validation import OutputColumn  # noqa: E402
 from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
+from glasspipe_dev.sinks import sink_from_settings  # noqa: E402
 from glasspipe_job.clickhouse import sink as clickhouse_sink  # noqa: E402
-from glasspipe_job.clickhouse.sink import ClickHouseSink  # noqa: E402
 from glasspipe_job.clickhouse.values import convert_column  # noqa: E402
 
 COLS = [
@@ -61,7 +61,7 @@ def main() -> None:
             f"{args.batches} batches x {args.rows:,} rows, "
             f"chunks of {args.max_rows:,} rows"
         )
-        sink = ClickHouseSink(
+        sink = sink_from_settings(
             [f"127.0.0.1:{server.port}"],
             "default",
             "bench",
@@ -96,7 +96,7 @@ def main() -> None:
         print(f"replayed batch (skipped): {(time.monotonic() - t) / args.batches * 1000:.1f} ms")
 
         # a fresh sink looks up chunks of a crashed predecessor before its first batch
-        fresh = ClickHouseSink(
+        fresh = sink_from_settings(
             [f"127.0.0.1:{server.port}"], "default", "bench", COLS, "bench-1", max_rows=args.max_rows
         ).open()
         t = time.monotonic()

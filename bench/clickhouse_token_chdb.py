@@ -20,8 +20,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sparkapp"))
 
 from chdb import session
 
+from glasspipe_job.clickhouse.connection import Connection
 from glasspipe_job.clickhouse.mechanism import Mechanism, choose_mechanism, parse_version
 from glasspipe_job.clickhouse.sink import ClickHouseSink
+from glasspipe_job.clickhouse.table import ClickHouseTable
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,8 @@ def main() -> None:
     print(f"chdb ClickHouse {'.'.join(map(str, version))}")
     s.query("CREATE DATABASE IF NOT EXISTS db")
     cols = [Col("id", "Int64"), Col("name", "Nullable(String)"), Col("k", "LowCardinality(String)")]
-    sink = ClickHouseSink(["unused"], "db", "t", cols, "ns.p_0", create_table=True, order_by=["k", "id"])
+    sink = ClickHouseSink(ClickHouseTable(Connection(["unused"], "db"), "t", cols, create_table=True,
+                                          order_by=["k", "id"]), "ns.p_0", 100_000)
     sink.table.version = version
     for sql in (sink.table.create_table_sql(), sink.table.ledger_sql()):
         s.query(sql)

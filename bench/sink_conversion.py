@@ -88,7 +88,7 @@ def through_sink(t: pa.Table, max_rows: int, repeats: int = 5) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
     from glasspipe.api.validation import OutputColumn
     from glasspipe_dev.clickhouse import ClickHouseServer
-    from glasspipe_job.clickhouse.sink import ClickHouseSink
+    from glasspipe_dev.sinks import sink_from_settings
 
     # the job's table: a timestamp field is a DateTime (this ClickHouse, 18.16, has no DateTime64)
     cols = [OutputColumn(c, f"`{c}`", "DateTime" if ty.startswith("DateTime64") else ty, None)
@@ -99,7 +99,7 @@ def through_sink(t: pa.Table, max_rows: int, repeats: int = 5) -> None:
         stored = []
         for native in (True, False):
             table = f"conversion_{'native' if native else 'driver'}"
-            with ClickHouseSink([f"127.0.0.1:{server.port}"], "default", table, cols, f"default.{table}-0",
+            with sink_from_settings([f"127.0.0.1:{server.port}"], "default", table, cols, f"default.{table}-0",
                                 max_rows=max_rows, create_table=True, order_by=["sms_id"]) as sink:
                 sink._native = native
                 start, wall = time.process_time(), time.monotonic()

@@ -303,7 +303,7 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     assignments = assign_partitions(config)
     table = make_table(config)
     decision, fence = prepare_handover(spark, config, Ledger(table), assignments)
-    sink = ClickHouseSink.on(table, decision.writer_id, spec.sink.clickhouse.batching.max_rows, fence)
+    sink = ClickHouseSink(table, decision.writer_id, spec.sink.clickhouse.batching.max_rows, fence)
     for a in assignments:
         log.info("replica %d/%d reads %s partitions %s", config.replica, config.replicas, a.source.kafka.topic,
                  a.partitions)

@@ -25,6 +25,7 @@ from glasspipe import contract
 from glasspipe.api.validation import OutputColumn, validate_spec
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.paths import REPO_ROOT
+from glasspipe_dev.sinks import sink_from_settings
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
 from glasspipe_job.clickhouse.sink import ClickHouseSink, WriteResult
@@ -60,7 +61,7 @@ def sink_for(server: ClickHouseServer, table: str, **kw: Any) -> ClickHouseSink:
     kw.setdefault("max_rows", 100)
     kw.setdefault("create_table", True)
     kw.setdefault("writer_id", "default.pipe-0")
-    return ClickHouseSink([f"{server.host}:{server.port}"], "default", table, COLS, **kw)
+    return sink_from_settings([f"{server.host}:{server.port}"], "default", table, COLS, **kw)
 
 
 def stats(server: ClickHouseServer, table: str) -> tuple[int, int]:
@@ -154,7 +155,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, datetime as dt
     from glasspipe.api.validation import OutputColumn
-    from glasspipe_job.clickhouse.sink import ClickHouseSink
+    from glasspipe_dev.sinks import sink_from_settings
     port, table, batch = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("key", "`key`", "String", None),
             OutputColumn("ts", "`ts`", "DateTime", None), OutputColumn("v", "`v`", "Nullable(Float64)", None)]
@@ -163,8 +164,8 @@ _CHILD = textwrap.dedent(
     t0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
     data = {"id": ids, "key": [f"k{i % 97}" for i in ids], "ts": [t0 + dt.timedelta(seconds=i) for i in ids],
             "v": [None if i % 10 == 0 else i / 4 for i in ids]}
-    sink = ClickHouseSink([f"127.0.0.1:{port}"], "default", table, cols, "default.killed-0", max_rows=40_000,
-                          create_table=True).open()
+    sink = sink_from_settings([f"127.0.0.1:{port}"], "default", table, cols, "default.killed-0", max_rows=40_000,
+                              create_table=True).open()
     print("WRITING", flush=True)
     sink.write_batch(batch, data, f"o{batch}")
     print("DONE", flush=True)
@@ -330,7 +331,7 @@ def test_values_of_every_spark_type_round_trip(clickhouse: ClickHouseServer) -> 
         "day": [dt.date(2024, 5, 1), dt.datetime(2024, 5, 2, 23, 0, tzinfo=dt.UTC)],
         "txt": [None, 42],
     }
-    with ClickHouseSink(
+    with sink_from_settings(
         [f"127.0.0.1:{clickhouse.port}"],
         "default",
         table,
@@ -448,7 +449,7 @@ def test_arrow_chunks_sent_as_native_bytes_store_what_the_driver_path_stores(cli
     contents = []
     for native in (True, False):
         table = new_table()
-        with ClickHouseSink([f"127.0.0.1:{clickhouse.port}"], "default", table, cols,
+        with sink_from_settings([f"127.0.0.1:{clickhouse.port}"], "default", table, cols,
                             f"default.native-{int(native)}", max_rows=300, create_table=True, order_by=["id"]) as sink:
             sink._native = native
             res = sink.write_batch(0, data, "o")
@@ -461,7 +462,7 @@ def test_arrow_chunks_sent_as_native_bytes_store_what_the_driver_path_stores(cli
 
     lc = new_table()  # LowCardinality(String) has no encoding here: the driver's way, the same rows
     lc_cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("s", "`s`", "LowCardinality(String)", None)]
-    with ClickHouseSink([f"127.0.0.1:{clickhouse.port}"], "default", lc, lc_cols, "default.native-lc",
+    with sink_from_settings([f"127.0.0.1:{clickhouse.port}"], "default", lc, lc_cols, "default.native-lc",
                         create_table=True, order_by=["id"]) as sink:
         res = sink.write_batch(0, pa.table({"id": [1, 2], "s": ["a", "b"]}), "o")
     assert (res.rows_written, res.native_chunks) == (2, 0)
@@ -475,7 +476,7 @@ def test_a_table_whose_types_changed_under_the_sink_gets_the_driver_path(clickho
 
     table = new_table()
     cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("v", "`v`", "Int32", None)]
-    with ClickHouseSink([f"127.0.0.1:{clickhouse.port}"], "default", table, cols, "default.altered-0",
+    with sink_from_settings([f"127.0.0.1:{clickhouse.port}"], "default", table, cols, "default.altered-0",
                         create_table=True, order_by=["id"]) as sink:
         first = sink.write_batch(0, pa.table({"id": [1], "v": pa.array([10], pa.int32())}), "o")
         clickhouse.client().execute(f"ALTER TABLE {table} MODIFY COLUMN v Int64")
@@ -500,7 +501,7 @@ def test_a_ledger_made_before_left_closed_gains_the_column_and_reports_how_far_e
     admin.execute(f"INSERT INTO {db}.{LEDGER_TABLE} (writer, batch_id, chunks, rows, offsets, state) VALUES",
                   [("default.pipe.0of1-0dd", 0, 1, 5, '[{"t":{"0":5}}]', "done")])
     table = new_table()
-    with ClickHouseSink([f"{clickhouse.host}:{clickhouse.port}"], db, table, COLS, max_rows=100, create_table=True,
+    with sink_from_settings([f"{clickhouse.host}:{clickhouse.port}"], db, table, COLS, max_rows=100, create_table=True,
                         writer_id="default.pipe.0of1-aaaa") as a:
         a.write_batch(0, rows(5, 10), '[{"t":{"0":10}}]', left_closed_ms=5000)
         a.write_batch(1, rows(10, 20), '[{"t":{"0":20}}]', left_closed_ms=9000)

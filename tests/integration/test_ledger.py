@@ -15,6 +15,7 @@ from clickhouse_driver import Client
 from tests.integration.test_clickhouse_sink import COLS, Crash, rows, stats
 
 from glasspipe_dev.clickhouse import ClickHouseServer
+from glasspipe_dev.sinks import sink_from_settings
 from glasspipe_job import handover as ho
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
@@ -48,7 +49,7 @@ def sink_with(server: ClickHouseServer, table: str, writer: str, max_rows: int,
                       settings={"insert_block_size": max_rows})
         return Faulty(real, hook) if hook else real
 
-    return ClickHouseSink([f"{server.host}:{server.port}"], "default", table, COLS, writer, max_rows=max_rows,
+    return sink_from_settings([f"{server.host}:{server.port}"], "default", table, COLS, writer, max_rows=max_rows,
                           create_table=True, client_factory=factory, max_backoff=0.2, **kw)
 
 
@@ -69,7 +70,7 @@ def configured_sink(server: ClickHouseServer, table: str, writer: str, mutation_
                     "deadLetter": {"topic": "dlq"}, "checkpoint": {"location": "file:///unused"}}}
     config = load_job_config(config_from_resource(doc))
     assert [(c.name, c.clickhouse_type) for c in config.columns] == [(c.name, c.clickhouse_type) for c in COLS]
-    return ClickHouseSink.on(make_table(config), writer, config.spec.sink.clickhouse.batching.max_rows)
+    return ClickHouseSink(make_table(config), writer, config.spec.sink.clickhouse.batching.max_rows)
 
 
 def take_over(server: ClickHouseServer, table: str, prefix: str, writer: str, owned: ho.Offsets) -> ClickHouseSink:

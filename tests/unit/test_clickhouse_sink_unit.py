@@ -18,6 +18,7 @@ import pytest
 from clickhouse_driver import errors
 
 from glasspipe.api.validation import OutputColumn
+from glasspipe_dev.sinks import sink_from_settings
 from glasspipe_job.clickhouse.connection import parse_host
 from glasspipe_job.clickhouse.errors import SinkError, SinkUnavailable, describe_error, is_transient
 from glasspipe_job.clickhouse.mechanism import Mechanism, choose_mechanism
@@ -112,7 +113,7 @@ class FakeClient:
 
 def make_sink(client: FakeClient, **kw: Any) -> ClickHouseSink:
     kw.setdefault("max_rows", 3)
-    return ClickHouseSink(
+    return sink_from_settings(
         ["127.0.0.1"], "default", "t", COLS, "w0", client_factory=lambda: client, sleep=lambda s: None, **kw
     )
 
@@ -138,7 +139,7 @@ def test_marker_value_and_hosts() -> None:
     assert parse_host("ch1", True) == ("ch1", 9440)
     assert parse_host("ch1.example:9001", True) == ("ch1.example", 9001)
     with pytest.raises(ValueError, match="no '/'"):
-        ClickHouseSink(["h"], "default", "t", COLS, "a/b")
+        sink_from_settings(["h"], "default", "t", COLS, "a/b")
 
 
 def test_canonical_order_is_independent_of_input_order() -> None:
@@ -528,7 +529,7 @@ def test_retry_deadline_gives_up_with_sink_unavailable(seed: int, monkeypatch: p
     monkeypatch.setattr(random, "uniform", random.Random(seed).uniform)
     now = [0.0]
     fake = FakeClient("18.16.1", fail_inserts=[errors.NetworkError("Connection refused")] * 100)
-    sink = ClickHouseSink(
+    sink = sink_from_settings(
         ["h"],
         "default",
         "t",
@@ -548,7 +549,7 @@ def test_retry_deadline_gives_up_with_sink_unavailable(seed: int, monkeypatch: p
 def test_backoff_is_exponential_and_capped() -> None:
     sleeps: list[float] = []
     fake = FakeClient("18.16.1", fail_inserts=[errors.ServerException("Too many parts", 252)] * 12)
-    sink = ClickHouseSink(
+    sink = sink_from_settings(
         ["h"], "default", "t", COLS, "w0", max_rows=3, client_factory=lambda: fake, sleep=sleeps.append
     )
     res = sink.write_batch(1, batch(2), "o")
@@ -613,7 +614,7 @@ def test_create_table_on_18_16_needs_low_cardinality_flag_and_skips_nullable_key
         OutputColumn("maybe", "`maybe`", "Nullable(String)", None),
         OutputColumn("k", "`k`", "LowCardinality(String)", None),
     ]
-    sink = ClickHouseSink(["h"], "default", "t", cols, "w0", create_table=True, client_factory=lambda: fake)
+    sink = sink_from_settings(["h"], "default", "t", cols, "w0", create_table=True, client_factory=lambda: fake)
     sink.table.version = (18, 16, 1)
     assert sink.table.create_table_sql() == (
         "CREATE TABLE IF NOT EXISTS `default`.`t` (`maybe` Nullable(String), `k` LowCardinality(String), "
@@ -635,7 +636,7 @@ def test_same_sink_retrying_a_failed_batch_checks_presence_again() -> None:
     """Spark retries a batch whose write_batch raised with the same sink object: no chunk twice."""
     now = [0.0]
     fake = FakeClient("18.16.1")
-    sink = ClickHouseSink(
+    sink = sink_from_settings(
         ["h"],
         "default",
         "t",

@@ -11,22 +11,19 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from glasspipe_job.clickhouse.connection import ClientLike, Connection
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.ledger import PENDING, ROLLED_BACK, Fence, LateRange, Ledger, Superseded
 from glasspipe_job.clickhouse.mechanism import Mechanism
-from glasspipe_job.clickhouse.mutations import DEFAULT_MUTATION_DEADLINE
 from glasspipe_job.clickhouse.names import MARKER_COLUMN, batch_prefix, marker_value, quote_ident
 from glasspipe_job.clickhouse.native_block import encode_column, encode_constant_string
 from glasspipe_job.clickhouse.native_insert import EncodedColumn, can_insert_encoded, insert_encoded
-from glasspipe_job.clickhouse.table import ClickHouseTable, SinkColumn
+from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.clickhouse.values import (
     canonical_order,
     canonical_order_arrow,
@@ -74,52 +71,11 @@ def chunk_bounds(n_rows: int, max_rows: int) -> list[tuple[int, int]]:
 
 
 class ClickHouseSink:
-    """The writer ``writer_id`` of one table. Built from connection settings, or with ``on()`` from a table
-    that is open already (the job reads the ledger and decides its writer id before it builds the sink)."""
+    """The writer ``writer_id`` of ``table``, in chunks of at most ``max_rows`` rows, checking ``fence`` (the
+    job's writers have one; see ledger.Fence) before and after each batch. The job opens the table and reads the
+    ledger, and decides its writer id, before it builds the sink."""
 
-    def __init__(
-        self,
-        hosts: Sequence[str],
-        database: str,
-        table: str,
-        columns: Sequence[SinkColumn],
-        writer_id: str,
-        max_rows: int = 100_000,
-        user: str = "default",
-        password: str = "",
-        secure: bool = False,
-        ca_file: str | None = None,
-        create_table: bool = False,
-        order_by: Sequence[str] | None = None,
-        *,
-        retry_deadline: float | None = None,
-        mutation_deadline: float | None = DEFAULT_MUTATION_DEADLINE,
-        max_backoff: float = 10.0,
-        connect_timeout: float = 10.0,
-        send_receive_timeout: float = 300.0,
-        client_factory: Callable[[], ClientLike] | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        connection = Connection(
-            hosts, database, user=user, password=password, secure=secure, ca_file=ca_file,
-            insert_block_size=max_rows, retry_deadline=retry_deadline, mutation_deadline=mutation_deadline,
-            max_backoff=max_backoff,
-            connect_timeout=connect_timeout, send_receive_timeout=send_receive_timeout,
-            client_factory=client_factory, sleep=sleep, clock=clock,
-        )
-        self._bind(ClickHouseTable(connection, table, columns, create_table, order_by), writer_id, max_rows)
-
-    @classmethod
-    def on(cls, table: ClickHouseTable, writer_id: str, max_rows: int, fence: Fence | None = None) -> ClickHouseSink:
-        """A sink writing as ``writer_id`` into ``table`` (sharing its connection), checking ``fence`` (the
-        job's writers have one; see ledger.Fence) before and after each batch."""
-        sink = cls.__new__(cls)
-        sink._bind(table, writer_id, max_rows)
-        sink.fence = fence
-        return sink
-
-    def _bind(self, table: ClickHouseTable, writer_id: str, max_rows: int) -> None:
+    def __init__(self, table: ClickHouseTable, writer_id: str, max_rows: int, fence: Fence | None = None) -> None:
         if not writer_id or "/" in writer_id:
             raise ValueError(f"writer_id must be non-empty and contain no '/', got {writer_id!r}")
         if max_rows < 1:
@@ -131,7 +87,7 @@ class ClickHouseSink:
         # No batch written yet, or the last write_batch failed: chunks of the next batch may be in the table
         # already (from a crashed predecessor, or from our own failed call that Spark now retries).
         self._fresh = True
-        self.fence: Fence | None = None
+        self.fence = fence
         self.superseded: str | None = None  # why this writer stopped, once a newer one claimed its partitions
         # Held by the batch thread while it uses the ClickHouse connection (write_parts, check_fence); the
         # main loop's check_fence_between_batches skips while it is held. One clickhouse-driver connection
