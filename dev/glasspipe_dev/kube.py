@@ -12,7 +12,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import shutil
 import ssl
 import subprocess
 import tempfile
@@ -24,6 +23,7 @@ import yaml
 
 from glasspipe_dev.paths import NotInstalledError, cache_dir
 from glasspipe_dev.process import ServerProcess, free_port
+from glasspipe_dev.reaper import remove_folder, temp_dir_at_exit
 
 INSTALL_HINT = "run dev/install/kube.sh"
 SERVICE_CIDR = "10.96.0.0/24"
@@ -108,8 +108,13 @@ class KubeAPIServer:
         self.apiserver_bin = kube_bin("kube-apiserver")
         self.kubectl_bin = kube_bin("kubectl")
         self._own_dir = base_dir is None
-        self.dir = Path(base_dir or tempfile.mkdtemp(prefix="glasspipe-kube-"))
         self.keep_dir = keep_dir
+        if base_dir is not None:
+            self.dir = Path(base_dir)
+        elif keep_dir:
+            self.dir = Path(tempfile.mkdtemp(prefix="glasspipe-kube-"))
+        else:  # etcd's data and the logs (~130 MB): removed by stop(), or should this process die first
+            self.dir = temp_dir_at_exit("glasspipe-kube-")
         self.pki: dict[str, Path] = {}
         self.port = 0
         self.etcd: ServerProcess | None = None
@@ -281,7 +286,7 @@ class KubeAPIServer:
             if proc is not None:
                 proc.stop()
         if self._own_dir and not self.keep_dir:
-            shutil.rmtree(self.dir, ignore_errors=True)
+            remove_folder(self.dir)
 
     def __enter__(self) -> KubeAPIServer:
         return self.start()
