@@ -9,7 +9,8 @@ cgroups; the CNI bridge), and commands that remove what only its own tool can (`
 podman's conmon keeps running without the ``podman run`` that started it). A pipe's reader sees end-of-file when its
 last writer dies, whatever killed it; the reaper then SIGKILLs each group still registered, each shim and each
 process in a registered cgroup, runs each command, and removes the cgroups, the bridge and each folder. A part
-stopped normally is taken off its list first.
+stopped normally is taken off its list first. The reaper keeps its list on disk too: should it be killed itself
+(``pkill -9 -f python``), the next reaper to start does its work once its owner is gone (:class:`Journal`).
 
 This file runs as a script (``python reaper.py``) so that it needs nothing on the reaper's import path.
 """
@@ -29,6 +30,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 CGROUP_FS = Path("/sys/fs/cgroup")
 
@@ -126,53 +128,136 @@ def kill_all(pids: list[int]) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
-def _clean_up(groups: dict[int, str], shims: set[str], cgroups: set[str], bridges: dict[str, str],
-              commands: set[str], folders: set[str]) -> None:
-    for pgid, started in groups.items():
-        now = process_start_time(pgid)
-        if now and now != started:
-            continue  # the leader is gone and its pid belongs to another process, which leads no group of ours
-        with contextlib.suppress(OSError):  # the whole group is gone
-            os.killpg(pgid, signal.SIGKILL)
-    for socket in shims:
-        kill_all(shim_pids(socket))
-    for root in cgroups:
-        empty_cgroups(root)
-    for bridge, lock in bridges.items():
-        delete_bridge(bridge, lock)
-    for command in commands:
-        with contextlib.suppress(OSError, subprocess.SubprocessError):
-            subprocess.run(json.loads(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=120, check=False)
-    for folder in folders:
-        shutil.rmtree(folder, ignore_errors=True)
+class Registry:
+    """What a reaper cleans up at its owner's end: registered with ``+KIND ARG``, forgotten with ``-KIND ARG``, KIND
+    one of ``group`` (ARG: PGID START; forgotten by PGID), ``shims`` (containerd's socket), ``cgroup`` (a root),
+    ``bridge`` (NAME LOCK; forgotten by NAME), ``command`` (an argv as JSON) and ``folder`` (a path)."""
 
+    def __init__(self) -> None:
+        self.groups: dict[str, str] = {}  # pgid -> its leader's start time
+        self.bridges: dict[str, str] = {}  # name -> its index's lock
+        self.sets: dict[str, set[str]] = {"shims": set(), "cgroup": set(), "command": set(), "folder": set()}
 
-def serve(lines: list[str] | None = None) -> None:
-    """The reaper's loop: ``+KIND ARG`` (register) or ``-KIND ARG`` (forget) a line on stdin, KIND one of ``group``
-    (ARG: PGID START; forget by PGID), ``shims`` (containerd's socket), ``cgroup`` (a root), ``bridge`` (NAME LOCK;
-    forget by NAME), ``command`` (an argv as JSON) and ``folder`` (a path); at end-of-file, clean up what is left."""
-    groups: dict[int, str] = {}
-    bridges: dict[str, str] = {}
-    sets: dict[str, set[str]] = {"shims": set(), "cgroup": set(), "command": set(), "folder": set()}
-    for line in lines if lines is not None else sys.stdin:
+    def apply(self, line: str) -> None:
         op, _, arg = line.rstrip("\n").partition(" ")
         sign, kind = op[:1], op[1:]
-        if kind == "group" and sign == "+":
-            pgid, started = arg.split(" ", 1)
-            groups[int(pgid)] = started
-        elif kind == "group":
-            groups.pop(int(arg), None)
-        elif kind == "bridge" and sign == "+":
-            bridge, lock = arg.split(" ", 1)
-            bridges[bridge] = lock
-        elif kind == "bridge":
-            bridges.pop(arg, None)
-        elif kind in sets and sign == "+":
-            sets[kind].add(arg)
-        elif kind in sets:
-            sets[kind].discard(arg)
-    _clean_up(groups, sets["shims"], sets["cgroup"], bridges, sets["command"], sets["folder"])
+        pairs = {"group": self.groups, "bridge": self.bridges}.get(kind)
+        if pairs is not None and sign == "+":
+            name, value = arg.split(" ", 1)
+            pairs[name] = value
+        elif pairs is not None:
+            pairs.pop(arg, None)
+        elif kind in self.sets and sign == "+":
+            self.sets[kind].add(arg)
+        elif kind in self.sets:
+            self.sets[kind].discard(arg)
+
+    def to_doc(self) -> dict[str, object]:
+        return {"group": self.groups, "bridge": self.bridges, **{k: sorted(v) for k, v in self.sets.items()}}
+
+    @classmethod
+    def from_doc(cls, doc: dict[str, Any]) -> Registry:
+        registry = cls()
+        registry.groups, registry.bridges = dict(doc.get("group", {})), dict(doc.get("bridge", {}))
+        for kind in registry.sets:
+            registry.sets[kind] = set(doc.get(kind, ()))
+        return registry
+
+    def clean_up(self) -> None:
+        for pgid, started in self.groups.items():
+            now = process_start_time(int(pgid))
+            if now and now != started:
+                continue  # the leader is gone and its pid belongs to another process, which leads no group of ours
+            with contextlib.suppress(OSError):  # the whole group is gone
+                os.killpg(int(pgid), signal.SIGKILL)
+        for socket in self.sets["shims"]:
+            kill_all(shim_pids(socket))
+        for root in self.sets["cgroup"]:
+            empty_cgroups(root)
+        for bridge, lock in self.bridges.items():
+            delete_bridge(bridge, lock)
+        for command in self.sets["command"]:
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(json.loads(command), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL, timeout=120, check=False)
+        for folder in self.sets["folder"]:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def journal_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "glasspipe-reapers"
+
+
+class Journal:
+    """A reaper's registry and its owner on disk (``reaper-*.json``) beside a lock (``reaper-*.lock``) it holds for
+    its life. The reaper itself may be killed (``pkill -9 -f python`` matches it too): its owner's servers then run on
+    when the owner dies, and the next reaper to start finds the lock free and the owner gone, and cleans up in its
+    place (:func:`sweep`)."""
+
+    def __init__(self, folder: Path, owner: int) -> None:
+        self.owner = [owner, process_start_time(owner)]
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, hidden = tempfile.mkstemp(dir=folder, prefix=".reaper-", suffix=".lock")
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self.lock = folder / Path(hidden).name[1:]
+        os.rename(hidden, self.lock)  # seen under its name only once locked: a sweep never takes a live reaper's
+        self._fd = fd
+        self.path = self.lock.with_suffix(".json")
+
+    def save(self, registry: Registry) -> None:
+        hidden = self.path.with_name(f".{self.path.name}")
+        hidden.write_text(json.dumps({"owner": self.owner, **registry.to_doc()}))
+        os.replace(hidden, self.path)
+
+    def close(self) -> None:
+        """After the clean-up: nothing is left for a sweep."""
+        self.path.unlink(missing_ok=True)
+        self.lock.unlink(missing_ok=True)
+        os.close(self._fd)
+
+
+def sweep(folder: Path) -> None:
+    """Clean up for each reaper whose lock is free (it was killed, and its registry is what it left to do) and whose
+    owner is gone (a live owner still uses its servers, and the owner starts a new reaper for what it starts next)."""
+    for lock in sorted(folder.glob("reaper-*.lock")):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue  # another sweep took it
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue  # its reaper lives
+        try:
+            path = lock.with_suffix(".json")
+            try:
+                doc = json.loads(path.read_text())
+            except (OSError, ValueError):
+                doc = {}  # killed before its first line: nothing registered
+            owner, started = doc.get("owner", [0, ""])
+            if lock.exists() and not (owner and process_start_time(owner) == started):
+                Registry.from_doc(doc).clean_up()
+                for done in (path.with_name(f".{path.name}"), path, lock):
+                    done.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
+def serve(lines: list[str] | None = None, journal: Path | None = None) -> None:
+    """The reaper's loop: a :class:`Registry` line a line on stdin; at end-of-file, clean up what is left. With a
+    ``journal`` folder, first clean up for the killed reapers there, then keep the registry there."""
+    registry = Registry()
+    kept = Journal(journal, os.getppid()) if journal is not None else None
+    if journal is not None:
+        sweep(journal)
+    for line in lines if lines is not None else sys.stdin:
+        registry.apply(line)
+        if kept is not None:
+            kept.save(registry)
+    registry.clean_up()
+    if kept is not None:
+        kept.close()
 
 
 class _Reaper:
@@ -284,4 +369,4 @@ def reaper_pid() -> int | None:
 
 if __name__ == "__main__":
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    serve()
+    serve(journal=journal_dir())

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +19,15 @@ from typing import Any
 
 import pytest
 
-from glasspipe_dev.reaper import CGROUP_FS, cgroup_pids, process_start_time, read_stat, serve, shim_pids
+from glasspipe_dev.reaper import (
+    CGROUP_FS,
+    cgroup_pids,
+    journal_dir,
+    process_start_time,
+    read_stat,
+    serve,
+    shim_pids,
+)
 from operator_harness import wait_for
 
 pytestmark = pytest.mark.integration
@@ -73,6 +82,30 @@ print(json.dumps({"dir": str(cluster.dir), "socket": str(cluster.sock), "cgroup"
                   "pods": cgroup_pids(cluster.cgroup_root)}), flush=True)
 time.sleep(600)
 '''
+
+_HELD_OWNER = '''
+import json, time
+from glasspipe_dev.process import ServerProcess
+from glasspipe_dev.reaper import reaper_pid, temp_dir_at_exit
+
+folder = temp_dir_at_exit("gp-reaper-test-")
+group = ServerProcess("held", ["sleep", "600"], folder / "held.log").start()
+print(json.dumps({"folder": str(folder), "group": group.proc.pid, "reaper": reaper_pid()}), flush=True)
+time.sleep(600)
+'''
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError:  # swept meanwhile
+        return ""
+
+
+def _run_a_reaper() -> None:
+    """A reaper started and ended at once, as any process that starts a server starts one: it sweeps first."""
+    subprocess.run([sys.executable, "-S", str(REPO / "dev" / "glasspipe_dev" / "reaper.py")], input=b"",
+                   timeout=60, check=True)
 
 
 def _start_owner(script: str, *args: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
@@ -202,3 +235,29 @@ def test_a_registered_command_runs_unless_forgotten(tmp_path: Path) -> None:
            f"+command {json.dumps(['/no/such/program'])}\n", f"+command {json.dumps(['touch', str(ran)])}\n",
            f"-command {json.dumps(['touch', str(forgotten)])}\n", f"+folder {folder}\n"])
     assert ran.exists() and not forgotten.exists() and not folder.exists()
+
+
+def test_a_killed_reapers_clean_up_falls_to_the_next_reaper() -> None:
+    """``pkill -9 -f python`` kills the reaper (a python process) with its owner, whose servers then ran on for good.
+    The reaper keeps its registry on disk under a lock held for its life; the next reaper to start finds the lock
+    free and the owner gone, and cleans up in its place. While the owner lives, its servers are left alone."""
+    owner, started = _start_owner(_HELD_OWNER)
+    folder = Path(started["folder"])
+    try:
+        wait_for(lambda: any(str(folder) in _text(j) for j in journal_dir().glob("reaper-*.json")),
+                 "the owner's reaper to keep its list on disk", timeout=15)
+        os.kill(started["reaper"], signal.SIGKILL)
+        time.sleep(0.5)
+        _run_a_reaper()
+        assert _group_members(started["group"]) and folder.is_dir(), "a live owner's servers were cleaned up"
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=10)
+        _run_a_reaper()
+        wait_for(lambda: not _group_members(started["group"]), "the next reaper to kill the group", timeout=15)
+        wait_for(lambda: not folder.exists(), "the next reaper to remove the folder", timeout=15)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        with contextlib.suppress(OSError):
+            os.killpg(started["group"], signal.SIGKILL)
+        shutil.rmtree(folder, ignore_errors=True)
