@@ -71,7 +71,7 @@ def local_spark_session(
     ensure_java_env()
     from pyspark.sql import SparkSession
 
-    from glasspipe_job.session import spark_session
+    from glasspipe_job.session import spark_session, with_temp_dir
 
     jars = [*spark_jars(), *(str(Path(j).resolve()) for j in (extra_jars or ()))]
     scratch = temp_dir_at_exit("gp-spark-")  # should this process be killed (the JVM ends with it: its stdin closes)
@@ -90,8 +90,7 @@ def local_spark_session(
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.warehouse.dir": str(scratch / "warehouse"),
         "spark.local.dir": str(scratch / "local"),
-        # java.io.tmpdir: the native libraries RocksDB and LZ4 unpack (15 MB a JVM), which a killed JVM leaves.
-        "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'} -Djava.io.tmpdir={scratch}",
+        "spark.driver.extraJavaOptions": f"-Dderby.system.home={scratch / 'derby'}",
         "spark.sql.streaming.forceDeleteTempCheckpointLocation": "true",
         "spark.sql.streaming.numRecentProgressUpdates": "20",
         "spark.python.worker.reuse": "true",
@@ -106,4 +105,5 @@ def local_spark_session(
             raise RuntimeError(
                 f"a SparkSession is already running without {missing}; stop it before local_spark_session()"
             )
-    return spark_session(app_name, conf, master="local[2]", quiet=True)
+    # java.io.tmpdir too: the native libraries RocksDB and LZ4 unpack (15 MB a JVM), which a killed JVM leaves.
+    return spark_session(app_name, with_temp_dir(conf, str(scratch)), master="local[2]", quiet=True)
