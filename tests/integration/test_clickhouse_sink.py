@@ -155,7 +155,9 @@ _CHILD = textwrap.dedent(
     """
     import sys, datetime as dt
     from glasspipe.api.validation import OutputColumn
-    from glasspipe_dev.sinks import sink_from_settings
+    from glasspipe_job.clickhouse.connection import Connection
+    from glasspipe_job.clickhouse.sink import ClickHouseSink
+    from glasspipe_job.clickhouse.table import ClickHouseTable
     port, table, batch = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     cols = [OutputColumn("id", "`id`", "Int64", None), OutputColumn("key", "`key`", "String", None),
             OutputColumn("ts", "`ts`", "DateTime", None), OutputColumn("v", "`v`", "Nullable(Float64)", None)]
@@ -164,8 +166,9 @@ _CHILD = textwrap.dedent(
     t0 = dt.datetime(2024, 5, 1, tzinfo=dt.timezone.utc)
     data = {"id": ids, "key": [f"k{i % 97}" for i in ids], "ts": [t0 + dt.timedelta(seconds=i) for i in ids],
             "v": [None if i % 10 == 0 else i / 4 for i in ids]}
-    sink = sink_from_settings([f"127.0.0.1:{port}"], "default", table, cols, "default.killed-0", max_rows=40_000,
-                              create_table=True).open()
+    connection = Connection([f"127.0.0.1:{port}"], "default", insert_block_size=40_000)
+    sink = ClickHouseSink(ClickHouseTable(connection, table, cols, create_table=True), "default.killed-0",
+                          40_000).open()
     print("WRITING", flush=True)
     sink.write_batch(batch, data, f"o{batch}")
     print("DONE", flush=True)
