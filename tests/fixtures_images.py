@@ -9,6 +9,7 @@ A failed build fails the run loudly, naming the script (never a skip).
 from __future__ import annotations
 
 import contextlib
+import secrets
 import subprocess
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,9 +77,12 @@ class Image:
     def run(self, *args: str, entrypoint: str | None = None, network: str = "none", volumes: Sequence[str] = (),
             env: Mapping[str, str] | None = None, user: str | None = None, timeout: float = 180,
             check: bool = True) -> subprocess.CompletedProcess[str]:
-        """Run a container to its end; raises with its output when it fails and ``check`` is set."""
-        argv = self.run_argv(*args, entrypoint=entrypoint, network=network, volumes=volumes, env=env, user=user)
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+        """Run a container to its end; raises with its output when it fails and ``check`` is set. It is named and
+        removed at the end, so one that outlives a timeout or a killed test run (conmon keeps it) goes too."""
+        with removed_container(f"gp-run-{secrets.token_hex(6)}") as name:
+            argv = self.run_argv(*args, entrypoint=entrypoint, network=network, volumes=volumes, env=env, user=user,
+                                 name=name)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
         if check and done.returncode != 0:
             raise AssertionError(f"{' '.join(argv[2:])} failed ({done.returncode}):\n{done.stdout[-3000:]}\n"
                                  f"{done.stderr[-6000:]}")

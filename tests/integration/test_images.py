@@ -338,3 +338,17 @@ def test_a_killed_test_runs_container_is_removed(spark_image: Image) -> None:
         if owner.poll() is None:
             owner.kill()
         podman("rm", "--force", "--ignore", "--time", "0", name, check=False)
+
+
+def test_a_container_run_that_times_out_is_removed(spark_image: Image) -> None:
+    """``Image.run`` past its timeout kills ``podman run``, and conmon keeps the container running on its own: the
+    run names it and removes it at the end."""
+    marker = f"600.{uuid.uuid4().int % 10**6}"  # a sleep of its own, to find the container by its command
+
+    def ours() -> list[str]:
+        listed = podman("ps", "--all", "--no-trunc", "--format", "{{.Names}} {{.Command}}").stdout.splitlines()
+        return [line for line in listed if marker in line]
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        spark_image.run("-c", f"sleep {marker}", entrypoint="bash", timeout=8)
+    assert not ours(), "the timed-out run's container is still there"
