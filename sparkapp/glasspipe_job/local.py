@@ -29,6 +29,15 @@ def apply_overrides(doc: dict[str, Any], args: argparse.Namespace) -> dict[str, 
     return doc
 
 
+def stop_on_ctrl_c(stop: threading.Event) -> None:
+    """The first Ctrl-C stops between micro-batches, as SIGTERM does; a second one stops at once."""
+    if stop.is_set():
+        raise KeyboardInterrupt
+    stop.set()
+    print("glasspipe run: stopping after the micro-batch in flight (Ctrl-C again to stop now)", file=sys.stderr,
+          flush=True)
+
+
 def run_local(args: argparse.Namespace) -> int:
     from glasspipe_job.config import UnsupportedPipeline, config_from_resource, load_job_config
     from glasspipe_job.connections import check_connections
@@ -59,6 +68,7 @@ def run_local(args: argparse.Namespace) -> int:
         spark = local_session(f"glasspipe-{config.pipeline}-{config.replica}", config.spark_conf)
         stop = threading.Event()
         signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a clean stop between micro-batches
+        signal.signal(signal.SIGINT, lambda *_: stop_on_ctrl_c(stop))
         metrics = run_pipeline(spark, config, available_now=args.available_now, metrics_port=args.metrics_port,
                                stop=stop)
     except Exception as e:  # one line, without secrets, as a driver pod reports it

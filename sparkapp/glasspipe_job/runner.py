@@ -365,7 +365,7 @@ def _stop_between_batches(running: RunningPipeline) -> None:
     deadline = time.monotonic() + STOP_DRAIN_SECONDS
     while running.query.status.get("isTriggerActive") and time.monotonic() < deadline:
         time.sleep(0.2)
-    log.info("stopping the query between micro-batches (SIGTERM)")
+    log.info("stopping the query between micro-batches (SIGTERM or Ctrl-C)")
     running.query.stop()
 
 
@@ -380,8 +380,11 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
     while True:
         running = start_pipeline(spark, config, available_now, metrics)
         try:
-            if available_now:
-                _await(running)
+            if available_now:  # to its end, unless stopped (Ctrl-C, SIGTERM) between micro-batches first
+                while not _await(running, 1):
+                    if stop is not None and stop.is_set():
+                        _stop_between_batches(running)
+                        break
                 return metrics
             owned = {a.source.kafka.topic: a.partitions for a in running.assignments}
             checked = fenced = time.monotonic()

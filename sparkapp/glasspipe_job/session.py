@@ -58,8 +58,20 @@ def local_session(app_name: str, conf: Mapping[str, str]) -> SparkSession:
         "spark.driver.memory": os.environ.get("GLASSPIPE_DRIVER_MEMORY", "2g"),
         "spark.sql.session.timeZone": "UTC",
     }
-    return spark_session(app_name, with_temp_dir({**local, **conf}, tempfile.gettempdir()),
-                         master=os.environ.get("GLASSPIPE_SPARK_MASTER", "local[2]"), quiet=True)
+    spark = spark_session(app_name, with_temp_dir({**local, **conf}, tempfile.gettempdir()),
+                          master=os.environ.get("GLASSPIPE_SPARK_MASTER", "local[2]"), quiet=True)
+    leave_sigterm_to_python(spark)
+    return spark
+
+
+def leave_sigterm_to_python(spark: SparkSession) -> None:
+    """A local driver JVM is the job's Python's child, in its process group: a SIGTERM to the group (systemd's stop,
+    ``kill -- -PGID``, the test harness's) ran Spark's shutdown hook under the batch in flight, and the job died
+    with "the driver's Spark JVM is gone". The JVM now ignores SIGTERM: the Python stops between micro-batches, and
+    the JVM ends when the Python does (its stdin closes), as in the image (dev/images/spark-entrypoint.sh)."""
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
 
 
 def with_temp_dir(conf: Mapping[str, str], temp_dir: str) -> dict[str, str]:

@@ -4,7 +4,10 @@ exactly-once across SIGKILLs and a ClickHouse outage."""
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -489,3 +492,47 @@ def test_a_killed_jobs_spark_scratch_goes_with_it(tmp_path: Path, kafka: KafkaSe
     finally:
         job.kill()
     assert not temp_dir.exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_a_signal_to_the_jobs_process_group_stops_it_between_micro_batches(
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, sig: signal.Signals) -> None:
+    """systemd's stop, ``kill -- -PGID`` and the harness's stop signal the whole group, the local driver JVM
+    included: its shutdown hook stopped Spark under the batch in flight and the job died with "the driver's Spark
+    JVM is gone". The JVM leaves SIGTERM to the job's Python (and PySpark has it ignore a terminal's Ctrl-C), which
+    stops between micro-batches and exits 0 with its totals, every row it counted committed."""
+    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=1000, maxRows=1000, maxDelay="200ms")
+    producing = threading.Event()
+    producing.set()
+
+    def keep_producing() -> None:  # batches keep coming while the stop arrives
+        i = 0
+        while producing.is_set():
+            produce(kafka.bootstrap, topic, [sms(f"t-{n:07d}", "first", T0 + timedelta(milliseconds=n))
+                                             for n in range(i, i + 500)])
+            i += 500
+            time.sleep(0.05)
+
+    producer = threading.Thread(target=keep_producing, daemon=True)
+    producer.start()
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
+                           tmp_path / "job.log")
+    try:
+        deadline = time.monotonic() + 240
+        while _count(clickhouse, table) == 0:
+            assert job.alive() and time.monotonic() < deadline, f"no rows landed; log:\n{job.log_tail()}"
+            time.sleep(0.2)
+        time.sleep(3)
+        assert job.proc is not None
+        os.killpg(job.proc.pid, sig)
+        job.proc.wait(timeout=60)
+    finally:
+        job.stop()
+        producing.clear()
+        producer.join(timeout=30)
+    log = (tmp_path / "job.log").read_text()
+    assert job.proc is not None and job.proc.returncode == 0, log[-6000:]
+    assert "JVM is gone" not in log and "Traceback" not in log, log[-6000:]
+    assert "stopping the query between micro-batches" in log, log[-6000:]
+    written = int(totals(log).split("rows written ")[1].split(",")[0])
+    assert written > 0 and written == _count(clickhouse, table), (written, totals(log))
