@@ -93,7 +93,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ImportError as e:
         print(f"glasspipe run needs the Spark extra: pip install 'glasspipe[spark]' ({e})", file=sys.stderr)
         return 2
-    return run_local(args)
+    try:
+        return run_local(args)
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops between micro-batches)
+        print("glasspipe run: stopped at once; the next run writes the micro-batch in flight again, exactly once",
+              file=sys.stderr)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:

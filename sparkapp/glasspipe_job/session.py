@@ -8,6 +8,7 @@ import shlex
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -69,8 +70,7 @@ def leave_sigterm_to_python(spark: SparkSession) -> None:
     ``kill -- -PGID``, the test harness's) ran Spark's shutdown hook under the batch in flight, and the job died
     with "the driver's Spark JVM is gone". The JVM now ignores SIGTERM: the Python stops between micro-batches, and
     the JVM ends when the Python does (its stdin closes), as in the image (dev/images/spark-entrypoint.sh)."""
-    jvm = spark.sparkContext._jvm
-    assert jvm is not None
+    jvm: Any = spark.sparkContext._jvm
     jvm.sun.misc.Signal.handle(jvm.sun.misc.Signal("TERM"), jvm.sun.misc.SignalHandler.SIG_IGN)
 
 
