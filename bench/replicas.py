@@ -4,8 +4,9 @@ Starts its own Kafka and ClickHouse, produces N keyed events (20 % duplicates) t
 then for each replica count runs that many `glasspipe run` processes (each its own Spark driver, as each
 would be its own SparkApplication) on a fresh pipeline until the consumer group's lag is 0.
 Prints events/s measured from the first committed batch to the end (Spark start-up excluded) and
-wall time including start-up. Then measures a rescale 2 -> 3: the time from stopping the old replicas
-to the new ones having caught up with the events that arrived meanwhile, and the warm-up rows re-read.
+wall time including start-up. Then measures a rescale 2 -> 3: the old replicas' stop, and the time from the
+new ones' start to each having committed its first batch with the events that arrived meanwhile, and the
+warm-up rows re-read.
 
     python bench/replicas.py --events 200000
     python bench/replicas.py --events 60000 --replicas '' --cds   # drivers map the CDS archive, as in the image
@@ -93,7 +94,7 @@ def run_replicas(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str
 
 
 def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, more: int) -> None:
-    """2 replicas drain the topic; then `more` events arrive and the pipeline is rescaled to 3."""
+    """2 replicas drain the topic and stop; `more` events arrive and 3 new replicas start (a rescale 2 -> 3)."""
     name = f"bench-rescale-{uuid.uuid4().hex[:6]}"
     path = pipeline(tmp, kafka, topic, name)
     ckpt = tmp / f"ckpt-{name}"
@@ -102,35 +103,44 @@ def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, mor
         return [start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", ckpt, tmp / f"{name}-{i}of{n}.log",
                                  "--replica", str(i), "--replicas", str(n)) for i in range(n)]
 
+    def log(i: int) -> str:
+        return (tmp / f"{name}-{i}of3.log").read_text()
+
     jobs = start(2)
     while lag(kafka, name, topic):
         time.sleep(0.5)
-    produce(kafka.bootstrap, topic, events(more, 0.2, 2))
-    wall_stop = datetime.now()
     t_stop = time.monotonic()
-    for j in jobs:
+    for j in jobs:  # SIGTERM: each stops after its batch in flight, as a driver pod does
         j.stop(timeout=60)
     t_stopped = time.monotonic()
+    # The new events arrive once the old replicas are gone, so the new ones read them: sent before the stop, a
+    # clean stop's last batches took them and the new replicas had nothing to catch up with.
+    produce(kafka.bootstrap, topic, events(more, 0.2, 2))
+    wall_start = datetime.now()
+    t_start = time.monotonic()
     jobs = start(3)
-    while lag(kafka, name, topic):
+    # caught up: no lag, and each new replica has committed its first batch (the warm-up and the new events)
+    while lag(kafka, name, topic) or not all(f"{PHASES[-1][1]}" in log(i) for i in range(3)):
+        assert all(j.alive() for j in jobs), "a new replica exited:\n" + "\n".join(j.log_tail(20) for j in jobs)
         time.sleep(0.2)
     t_caught_up = time.monotonic()
     for j in jobs:
         j.stop(timeout=60)
     warmup, summaries = 0, 0
     for i in range(3):
-        for line in (tmp / f"{name}-{i}of3.log").read_text().splitlines():
+        for line in log(i).splitlines():
             if line.startswith("glasspipe run:"):
                 warmup += int(line.split("warm-up rows ")[1].split(",")[0])
                 summaries += 1
     # a replica stopped before it printed its summary line has no count: say so rather than add 0
     reread = f"{warmup} rows" if summaries == 3 else (
         f"{warmup} rows in the {summaries} of 3 replicas that printed a summary")
-    print(f"rescale 2 -> 3 with {more} new events waiting: old replicas stopped in {t_stopped - t_stop:.1f} s, "
-          f"new ones caught up {t_caught_up - t_stopped:.1f} s later (Spark start-up, warm-up, the new events); "
-          f"warm-up re-read {reread} (window + allowedLateness of each partition)")
+    print(f"rescale 2 -> 3: old replicas stopped (each after its batch in flight) in {t_stopped - t_stop:.1f} s; "
+          f"{more} new events produced; the new replicas caught up {t_caught_up - t_start:.1f} s after their start "
+          f"(Spark start-up, warm-up, the new events), {t_caught_up - t_stop:.1f} s after the stop began; warm-up "
+          f"re-read {reread} (window + allowedLateness of each partition)")
     for i in range(3):
-        print(f"  new replica {i}: " + phases((tmp / f"{name}-{i}of3.log").read_text(), wall_stop))
+        print(f"  new replica {i}: " + phases(log(i), wall_start))
 
 
 # job log lines that end a start-up phase, in order: (what, where the line starts to match)
@@ -139,7 +149,7 @@ PHASES = [("Spark session up", "ClickHouse "), ("ledger read and claimed", "new 
 
 
 def phases(log: str, since: datetime) -> str:
-    """Seconds after ``since`` (the stop) at which a new replica's job log reached each start-up phase."""
+    """Seconds after ``since`` (the new replicas' start) at which a new replica's job log reached each phase."""
     out: list[str] = []
     for line in log.replace("\r", "\n").splitlines():
         head, _, message = line.partition(" INFO ")
