@@ -494,14 +494,18 @@ def test_a_killed_jobs_spark_scratch_goes_with_it(tmp_path: Path, kafka: KafkaSe
     assert not temp_dir.exists()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+@pytest.mark.parametrize(("sig", "extra"), [(signal.SIGTERM, ()), (signal.SIGINT, ()),
+                                            (signal.SIGTERM, ("--available-now",))],
+                         ids=["SIGTERM", "Ctrl-C", "SIGTERM-available-now"])
 def test_a_signal_to_the_jobs_process_group_stops_it_between_micro_batches(
-        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, sig: signal.Signals) -> None:
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, sig: signal.Signals,
+        extra: tuple[str, ...]) -> None:
     """systemd's stop, ``kill -- -PGID`` and the harness's stop signal the whole group, the local driver JVM
     included: its shutdown hook stopped Spark under the batch in flight and the job died with "the driver's Spark
     JVM is gone". The JVM leaves SIGTERM to the job's Python (and PySpark has it ignore a terminal's Ctrl-C), which
     stops between micro-batches and exits 0 with its totals, every row it counted committed."""
-    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=1000, maxRows=1000, maxDelay="200ms")
+    per_batch = 100 if extra else 1000  # available-now: its start-up's backlog (~30 000) in batches of 100
+    path, topic, table = pipeline(tmp_path, kafka, max_per_trigger=per_batch, maxRows=1000, maxDelay="200ms")
     producing = threading.Event()
     producing.set()
 
@@ -516,14 +520,14 @@ def test_a_signal_to_the_jobs_process_group_stops_it_between_micro_batches(
     producer = threading.Thread(target=keep_producing, daemon=True)
     producer.start()
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
-                           tmp_path / "job.log")
+                           tmp_path / "job.log", *extra)
     try:
         deadline = time.monotonic() + 240
         while _count(clickhouse, table) == 0:
             assert job.alive() and time.monotonic() < deadline, f"no rows landed; log:\n{job.log_tail()}"
             time.sleep(0.2)
         time.sleep(3)
-        assert job.proc is not None
+        assert job.proc is not None and job.alive(), "the job ended before its stop"
         os.killpg(job.proc.pid, sig)
         job.proc.wait(timeout=60)
     finally:
