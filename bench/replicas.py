@@ -35,6 +35,8 @@ from glasspipe_dev.pipelines import (
     produce,
     sms_dedup_pipeline,
     start_continuous,
+    total_of,
+    totals,
 )
 
 T0 = datetime(2026, 11, 3, 10, 0, tzinfo=UTC)
@@ -120,21 +122,17 @@ def rescale(tmp: Path, kafka: KafkaServer, ch: ClickHouseServer, topic: str, mor
     t_start = time.monotonic()
     jobs = start(3)
     # caught up: no lag, and each new replica has committed its first batch (the warm-up and the new events)
-    while lag(kafka, name, topic) or not all(f"{PHASES[-1][1]}" in log(i) for i in range(3)):
+    while lag(kafka, name, topic) or not all(PHASES[-1][1] in log(i) for i in range(3)):
         assert all(j.alive() for j in jobs), "a new replica exited:\n" + "\n".join(j.log_tail(20) for j in jobs)
         time.sleep(0.2)
     t_caught_up = time.monotonic()
     for j in jobs:
         j.stop(timeout=60)
-    warmup, summaries = 0, 0
-    for i in range(3):
-        for line in log(i).splitlines():
-            if line.startswith("glasspipe run:"):
-                warmup += int(line.split("warm-up rows ")[1].split(",")[0])
-                summaries += 1
+    summaries = [summary for i in range(3) if (summary := totals(log(i)))]
+    warmup = sum(total_of(summary, "warm-up rows") for summary in summaries)
     # a replica stopped before it printed its summary line has no count: say so rather than add 0
-    reread = f"{warmup} rows" if summaries == 3 else (
-        f"{warmup} rows in the {summaries} of 3 replicas that printed a summary")
+    reread = f"{warmup} rows" if len(summaries) == 3 else (
+        f"{warmup} rows in the {len(summaries)} of 3 replicas that printed a summary")
     print(f"rescale 2 -> 3: old replicas stopped (each after its batch in flight) in {t_stopped - t_stop:.1f} s; "
           f"{more} new events produced; the new replicas caught up {t_caught_up - t_start:.1f} s after their start "
           f"(Spark start-up, warm-up, the new events), {t_caught_up - t_stop:.1f} s after the stop began; warm-up "

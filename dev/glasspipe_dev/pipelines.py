@@ -138,9 +138,14 @@ def totals(stdout: str) -> str:
     return lines[-1] if lines else ""
 
 
+def total_of(summary: str, what: str) -> int:
+    """The N of ``what N`` in a ``totals`` line (``rows written``, ``warm-up rows``, ...)."""
+    return int(summary.split(f"{what} ")[1].split(",")[0])
+
+
 def duplicates_dropped(summary: str) -> int:
     """The ``duplicates dropped N`` of a ``totals`` line."""
-    return int(summary.split("duplicates dropped ")[1].split(",")[0])
+    return total_of(summary, "duplicates dropped")
 
 
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],

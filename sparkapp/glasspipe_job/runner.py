@@ -369,6 +369,14 @@ def _stop_between_batches(running: RunningPipeline) -> None:
     running.query.stop()
 
 
+def _stopped(running: RunningPipeline, stop: threading.Event | None) -> bool:
+    """Whether a stop was asked for (SIGTERM, Ctrl-C); if so, the query is stopped between micro-batches."""
+    if stop is None or not stop.is_set():
+        return False
+    _stop_between_batches(running)
+    return True
+
+
 def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = False,
                  metrics_port: int = 0, stop: threading.Event | None = None) -> JobMetrics:
     """Run until the query ends (or ``stop`` is set). A continuous run restarts its query in place when
@@ -382,15 +390,13 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
         try:
             if available_now:  # to its end, unless stopped (Ctrl-C, SIGTERM) between micro-batches first
                 while not _await(running, 1):
-                    if stop is not None and stop.is_set():
-                        _stop_between_batches(running)
+                    if _stopped(running, stop):
                         break
                 return metrics
             owned = {a.source.kafka.topic: a.partitions for a in running.assignments}
             checked = fenced = time.monotonic()
             while not _await(running, 1):
-                if stop is not None and stop.is_set():
-                    _stop_between_batches(running)
+                if _stopped(running, stop):
                     return metrics
                 if time.monotonic() - fenced >= FENCE_CHECK_SECONDS:
                     fenced = time.monotonic()

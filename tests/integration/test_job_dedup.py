@@ -28,6 +28,7 @@ from glasspipe_dev.pipelines import (
     produce,
     run_to_end,
     start_continuous,
+    total_of,
     totals,
     write_pipeline,
 )
@@ -538,5 +539,5 @@ def test_a_signal_to_the_jobs_process_group_stops_it_between_micro_batches(
     assert job.proc is not None and job.proc.returncode == 0, log[-6000:]
     assert "JVM is gone" not in log and "Traceback" not in log, log[-6000:]
     assert "stopping the query between micro-batches" in log, log[-6000:]
-    written = int(totals(log).split("rows written ")[1].split(",")[0])
+    written = total_of(totals(log), "rows written")
     assert written > 0 and written == _count(clickhouse, table), (written, totals(log))
