@@ -190,7 +190,7 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
         "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
     "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
     # With the default (true) every state write first reads its key to keep a row count: the join runs
-    # 10-12 % slower (docs/benchmarks.md). glasspipe_state_rows then reads 0; glasspipe_state_*_bytes
+    # 10-12 % slower (docs/benchmarks-journal.md). glasspipe_state_rows then reads 0; glasspipe_state_*_bytes
     # report the state's size. spec.spark.conf may turn it back on.
     STATE_ROW_COUNT_CONF: "false",
     # Spark's checkpoint file manager, but on a local disk it writes and renames without starting a
@@ -208,8 +208,8 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
     # timeout, Spark's default 5 minutes, and the pool has no bound. A batch split into ranges
     # (maxRecordsPerPartition: a pipeline without a shuffle, or a hot partition's range in one with a shuffle)
     # leaves one such entry per range: catching up at 20 000 pairs/s, a join's driver held
-    # 6.4 M records in it after 3.5 minutes and ran out of heap (docs/benchmarks.md). A few seconds keep the entry
-    # a next batch takes; one evicted early costs that batch one poll.
+    # 6.4 M records in it after 3.5 minutes and ran out of heap (docs/benchmarks-journal.md). A few seconds keep
+    # the entry a next batch takes; one evicted early costs that batch one poll.
     KAFKA_FETCHED_DATA_TIMEOUT_CONF: "5s",
     KAFKA_FETCHED_DATA_EVICTOR_CONF: "2s",
     # A task's result (a batch's Arrow bytes for the sink: over 1 MB at 80 000 events/s, where JFR saw them fetched as
@@ -217,9 +217,9 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
     # a block; and any array of half a G1 region or more (1 MB of a 2 GB heap's 2 MB regions) is "humongous": each
     # allocation of one may start a concurrent mark of the whole heap. At 100 000/s per Kafka partition that was 226
     # concurrent starts in 4 minutes and a median batch of 880-1 002 ms; with results sent directly and 16 MB regions,
-    # 3-4 and 701-748 ms (docs/benchmarks.md, 2026-12-03). spark.rpc.message.maxSize (128 MB) still bounds a direct
-    # result. The Java options are Spark's "default" ones, which spec.spark.conf's extraJavaOptions add to rather than
-    # replace.
+    # 3-4 and 701-748 ms (docs/benchmarks-journal.md, 2026-12-03). spark.rpc.message.maxSize (128 MB) still bounds
+    # a direct result. The Java options are Spark's "default" ones, which spec.spark.conf's extraJavaOptions add to
+    # rather than replace.
     "spark.task.maxDirectResultSize": "64m",
     DRIVER_DEFAULT_JAVA_OPTIONS_CONF: G1_REGION_OPTION,
     EXECUTOR_DEFAULT_JAVA_OPTIONS_CONF: G1_REGION_OPTION,
@@ -230,7 +230,7 @@ REQUIRED_SPARK_CONF: dict[str, str] = {
 # (Spark's default 10), inside the batch's commit; its maintenance thread uploads only the newest of them once a
 # maintenanceInterval (Spark's default 60 s) and drops the rest. So the job snapshots about once an interval: at
 # a 250 ms trigger Spark's 10 meant a flush every 2.5 s, and compacting the small files took 0.13 of the 2 cores
-# at 10 000/s, 0.02 with a minute's (docs/benchmarks.md). A restart replays the changelogs after the newest
+# at 10 000/s, 0.02 with a minute's (docs/benchmarks-journal.md). A restart replays the changelogs after the newest
 # uploaded snapshot: up to one interval more of them.
 SNAPSHOT_BATCHES_CONF = "spark.sql.streaming.stateStore.minDeltasForSnapshot"
 MAINTENANCE_INTERVAL_CONF = "spark.sql.streaming.stateStore.maintenanceInterval"

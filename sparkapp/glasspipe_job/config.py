@@ -18,7 +18,7 @@ from glasspipe_job.failure import JobFailure
 # broker is parked. At 10 000 events/s with a 250 ms trigger the default let 7-8 Kafka tasks in five minutes
 # sit 500-550 ms with ~15 ms of CPU (which fetch waited is not pinned down); with 50 ms none did in three
 # alternating pairs, and p95 / p99 were 0.75-0.92 / 1.05-1.30 s against 0.89-1.16 / 1.24-2.78 s (median
-# batches unchanged; docs/benchmarks.md). The price: a consumer reading at the end of its partition sends
+# batches unchanged; docs/benchmarks-journal.md). The price: a consumer reading at the end of its partition sends
 # up to 20 fetches a second instead of 2.
 KAFKA_FETCH_MAX_WAIT_MS = 50
 
@@ -26,7 +26,7 @@ KAFKA_FETCH_MAX_WAIT_MS = 50
 # the broker for the partition's earliest and latest offsets after it (two ListOffsets round trips), so each poll
 # costs the reader and the broker alike, whatever it returns. 10 000 lets one poll take a whole fetch (1 MiB a
 # partition, ~4 500 records of 200 bytes). Reading 4 M such records, local[2], medians of 7 rounds: Spark 1.91 ->
-# 1.56 CPU-us a record, the broker 0.87 -> 0.31 (bench/kafka_reader.py; docs/benchmarks.md). A task's records
+# 1.56 CPU-us a record, the broker 0.87 -> 0.31 (bench/kafka_reader.py; docs/benchmarks-journal.md). A task's records
 # past its offset range stay cached for the next batch, at most one poll's: 10 000 records, a few MB.
 KAFKA_MAX_POLL_RECORDS = 10_000
 

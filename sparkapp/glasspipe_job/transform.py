@@ -128,7 +128,7 @@ def read_kafka(spark: SparkSession, config: JobConfig, source: models.Source,
     # the records come from. After one (a join, Spark's deduplication) they are the spark.shufflePartitions
     # partitions whatever the read's split, so a Kafka range is read whole, in at least as many tasks as those
     # partitions: each split was a task more with its fixed costs (a join delivered 8-18 % more pairs without
-    # them, docs/benchmarks.md). Only a hot partition's range, over a share of a full batch (all sources) and a
+    # them, docs/benchmarks-journal.md). Only a hot partition's range, over a share of a full batch (all sources) and a
     # tenth, is split, so that it is not one task while the other cores wait. Deduplication per Kafka partition
     # needs each partition's range in one task: the driver then receives a Kafka partition's range at a time
     # (docs/operations.md, Catching up).

@@ -1,6 +1,6 @@
 """A chunk's columns in ClickHouse's Native format, encoded from Arrow buffers with numpy: no Python object per
 value. The driver's path (``values.convert_arrow_column``, then clickhouse-driver writing Python lists) was
-two thirds of the driver's CPU at 100 000 events/s (docs/benchmarks.md).
+two thirds of the driver's CPU at 100 000 events/s (docs/benchmarks-journal.md).
 
 Pure: bytes in, bytes out. ``encode_column`` returns None for a pair of types it has no exact encoding for, or
 values it cannot encode exactly (an integer out of the column's range, a float that is not a whole number for an

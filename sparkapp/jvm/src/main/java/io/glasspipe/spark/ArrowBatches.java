@@ -53,7 +53,7 @@ import org.apache.spark.unsafe.types.UTF8String;
  *
  * <p>Why: Spark's {@code ArrowWriter} wraps every string in a {@code ByteBuffer} that Arrow then duplicates,
  * checks and grows the buffers for every value, and fills the holes of a null string one at a time: 12.6 % of
- * the task samples of deduplication per Kafka partition at 80 000 events/s (docs/benchmarks.md). Here the
+ * the task samples of deduplication per Kafka partition at 80 000 events/s (docs/benchmarks-journal.md). Here the
  * vectors hold a whole batch from the start, a string is one copy, and a null is a zero bit left as it is.
  *
  * <p>{@link #batches} returns null for a schema with any other type; the caller then uses Spark's writer.

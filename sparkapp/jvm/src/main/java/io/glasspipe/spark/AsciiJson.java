@@ -17,7 +17,7 @@ import org.apache.spark.unsafe.types.UTF8String;
  *
  * <p>Why: Jackson decodes every string into characters, which PlainJson then turns back into bytes, and tokenizes
  * the record field by field: the JSON parse was a fifth of the task samples of a deduplicating pipeline at
- * 120 000 events/s (docs/benchmarks.md). Here a string is a slice of the record's bytes, no copy.
+ * 120 000 events/s (docs/benchmarks-journal.md). Here a string is a slice of the record's bytes, no copy.
  *
  * <p>Not thread-safe: one reader per task, as PlainJson.
  */

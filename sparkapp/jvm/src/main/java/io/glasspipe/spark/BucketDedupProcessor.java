@@ -30,7 +30,7 @@ import scala.jdk.javaapi.CollectionConverters;
  * ({@link KeyBuckets}: why, and its grid). When the timer fires, the bucket's keys are read, those whose window the
  * watermark has passed are removed, and the timer is set again for the earliest left. In bench/RocksDBStateSim.java
  * at 10 000 events/s, 250 ms batches, a 2 m window, a timer a key's scan over tombstones was 58 of the state's 80
- * CPU-s, and it dominated the tasks' native time on the pipeline (docs/benchmarks.md).
+ * CPU-s, and it dominated the tasks' native time on the pipeline (docs/benchmarks-journal.md).
  *
  * <p>A key's state may outlive its window by up to a grid step. That changes no result: a row that reaches the
  * state is not late, so its event time is at or above the watermark, hence at or past the end of any window the
@@ -52,7 +52,7 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
   /**
    * The timer grid of a join's side: half a window, as the join's own ({@link BucketJoinProcessor}). A key is read
    * about twice and kept up to half a window past it. A join's side has no {@code ownState}, and there the timers'
-   * reads cost a tenth of the pairs once keys leave (docs/benchmarks.md, "A join whose sides are deduplicated
+   * reads cost a tenth of the pairs once keys leave (docs/benchmarks-journal.md, "A join whose sides are deduplicated
    * first"). Only the timers' times change, not the state: a timer set on the other grid fires and the next is set
    * on this one.
    */

@@ -42,8 +42,8 @@ import scala.jdk.javaapi.CollectionConverters;
  * its earliest expiry. When it fires, the slot's keys due by the watermark are read (a row matched since then is
  * not emitted, only dropped) and the timer set again at the earliest expiry left in the slot. So a bucket fires a
  * pending timer about once a batch however many of its rows are due, not once for each distinct millisecond of
- * expiry (docs/benchmarks.md, "A left join's waiting rows in slots"), and a row is still written in the batch whose
- * watermark passes its window.
+ * expiry (docs/benchmarks-journal.md, "A left join's waiting rows in slots"), and a row is still written in the batch
+ * whose watermark passes its window.
  */
 public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> {
   private static final long serialVersionUID = 1L;
@@ -51,7 +51,7 @@ public final class BucketJoinProcessor extends StatefulProcessor<Row, Row, Row> 
   /**
    * The timer grid: half a window. The timers read a key about twice in its life instead of four times on a
    * quarter-window grid, and their time a batch halves; a row stays up to half a window past its window instead of
-   * a quarter (docs/benchmarks.md, "An inner join's timers on a half-window grid").
+   * a quarter (docs/benchmarks-journal.md, "An inner join's timers on a half-window grid").
    */
   static final int GRID_PARTS = 2;
 

@@ -18,10 +18,10 @@ import org.apache.spark.sql.types.StructType;
  * <p>Why: Spark keeps timers in a RocksDB index ordered by time and finds the due ones by scanning it from its
  * start, where every timer already fired and deleted stays as a tombstone until RocksDB compacts it away. With a
  * timer a key, once keys expire each micro-batch steps over all keys expired since the last compaction
- * (docs/benchmarks.md, "Timers a bucket"). A bucket's timer sits on a grid of a fraction of the window at or after
- * the earliest expiry of its keys, each bucket's grid offset by its number, so the buckets' timers fire spread over
- * a grid step. A key is read about {@code parts} times in its life (one more while its timer waits for the grid), for
- * a grid of {@code window / parts}: fewer parts read keys less often and keep them up to a longer step past their
+ * (docs/benchmarks-journal.md, "Timers a bucket"). A bucket's timer sits on a grid of a fraction of the window at or
+ * after the earliest expiry of its keys, each bucket's grid offset by its number, so the buckets' timers fire spread
+ * over a grid step. A key is read about {@code parts} times in its life (one more while its timer waits for the grid),
+ * for a grid of {@code window / parts}: fewer parts read keys less often and keep them up to a longer step past their
  * window.
  */
 final class KeyBuckets {

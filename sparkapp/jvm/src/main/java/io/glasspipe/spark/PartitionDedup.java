@@ -84,7 +84,7 @@ public final class PartitionDedup {
   public static final String WATERMARK_PROPERTY = "glasspipe.batchWatermarkMs";
   static final String BATCH_ID = "streaming.sql.batchId"; // Spark's MicroBatchExecution.BATCH_ID_KEY
   // A new key is looked up in every segment its window overlaps (SEGMENTS + 1 of them): with 4, a 2 m window cost
-  // 23 CPU-us an event against 13 for an 8 h one (docs/benchmarks.md); halves keep up to two windows of keys.
+  // 23 CPU-us an event against 13 for an 8 h one (docs/benchmarks-journal.md); halves keep up to two windows of keys.
   // The layout of a checkpointed state: a change needs a new glasspipe_job.runner.PARTITION_DEDUP_PLAN.
   static final int SEGMENTS = 2;
   static final long META_SEGMENT = Long.MIN_VALUE; // the partition's newest event time and oldest live segment

@@ -55,8 +55,8 @@ public final class TemporalJoin {
    * A kept record in the join state ({@link JoinPairing#decode}): what the join reads again, the event time and the
    * warm-up flag, then in a left join whether the record matched, and the side's fields as their bytes
    * ({@link PackedRows}). Not the record's Kafka partition and offset, which only order a batch's fresh records (an
-   * inner join dropped them with join plan {@code +join-buckets/2}: 7.6 % more pairs a second, docs/benchmarks.md;
-   * a left join with {@code +packed-rows/1}).
+   * inner join dropped them with join plan {@code +join-buckets/2}: 7.6 % more pairs a second,
+   * docs/benchmarks-journal.md; a left join with {@code +packed-rows/1}).
    */
   private static StructType entrySchema(boolean leftOuter) {
     StructType entry = new StructType()

@@ -1,0 +1,83 @@
+"""A Markdown table of bench/freshness.py's figures (the ``--json`` lines), one row a run: what docs/benchmarks.md's
+scenario table is printed from, so that a rerun gives the same columns. Stdlib only.
+
+    python bench/freshness.py --variant dedup-partition --rates 1000,10000 --json /tmp/m.jsonl
+    python bench/freshness_table.py /tmp/m.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+# A run keeps up when every first occurrence landed, the latency of the run's last fifth is not above its first
+# fifth's by more than this (a pipeline falling behind climbs through the run: seconds a minute)...
+RISE_ALLOWED_S = 0.5
+# ... and the last event's row landed within this many of the run's p99 after it was produced.
+DRAIN_OVER_P99 = 3.0
+
+
+def kept_up(run: dict[str, Any]) -> bool:
+    """Whether the pipeline kept pace with the offered rate: all landed, latency flat, the backlog gone at once."""
+    all_landed = run.get("firsts_seen", 0) >= run.get("firsts", 0)
+    flat = run["last_fifth"] <= run["first_fifth"] + RISE_ALLOWED_S
+    drained = run["drained"] <= max(DRAIN_OVER_P99 * run["p99"], 2.0)
+    return bool(all_landed and flat and drained and run["exact"])
+
+
+def cpu_us_per_event(run: dict[str, Any], who: str) -> float:
+    """CPU-microseconds an offered event, i.e. CPU-seconds per million events, of one process (cores over events/s)."""
+    return float(run["cpu_cores"].get(who, 0.0)) / run["offered"] * 1e6
+
+
+def spaced(n: float) -> str:
+    """A whole number with thin groups of three, as the docs write them: 120 000."""
+    return f"{n:,.0f}".replace(",", " ")
+
+
+def settings(run: dict[str, Any]) -> str:
+    """The pipeline's window, trigger and INSERT size; the plain loop has none of them (its own 100 000-row blocks)."""
+    if run["variant"] == "plain":
+        return "none (the loop's own)"
+    return f"{run.get('window') or '5m'}, {run['trigger']}, {spaced(run['max_rows'])} rows"
+
+
+def row(run: dict[str, Any]) -> str:
+    servers = cpu_us_per_event(run, "Kafka") + cpu_us_per_event(run, "ClickHouse")
+    cells = [
+        run["variant"],
+        settings(run),
+        spaced(run["offered"]),
+        "yes" if kept_up(run) else "**no**",
+        f"{run['p50']:.2f} / {run['p95']:.2f} / {run['p99']:.2f}",
+        f"{run['first_fifth']:.2f} → {run['last_fifth']:.2f}",
+        f"{run['drained']:.1f}",
+        f"{cpu_us_per_event(run, 'pipeline'):.1f}",
+        f"{servers:.1f}",
+        f"{run['cpu_cores'].get('pipeline', 0.0):.2f}",
+        "yes" if run["exact"] else "**no**",
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+HEADER = ("| variant | window, trigger, INSERT rows | offered events/s | kept up | latency p50 / p95 / p99 s "
+          "| median latency, first → last fifth s | last row landed after s | pipeline CPU-s per M events "
+          "| Kafka + ClickHouse CPU-s per M events | pipeline cores | exact |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("files", nargs="+", type=Path, help="JSON-lines files of bench/freshness.py --json")
+    args = p.parse_args()
+    runs = [json.loads(line) for f in args.files for line in f.read_text().splitlines() if line.strip()]
+    print(HEADER)
+    for run in runs:
+        if run.get("bench", "freshness") == "freshness":
+            print(row(run))
+
+
+if __name__ == "__main__":
+    main()
