@@ -1,6 +1,6 @@
 """A Markdown table of bench/freshness.py's figures (the ``--json`` lines), one row a run: what docs/benchmarks.md's
-scenario table is printed from, so that a rerun gives the same columns. Stdlib only: plot.load reads the lines,
-and matplotlib is imported only to draw.
+scenario table is printed from, so that a rerun gives the same columns. Stdlib only (the
+rule for "kept up" is freshness_runs.kept_up).
 
     python bench/freshness.py --variant dedup-partition --rates 1000,10000 --json /tmp/m.jsonl
     python bench/freshness_table.py /tmp/m.jsonl
@@ -15,28 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from plot import load
-
-# A run keeps up when every first occurrence landed, the latency of the run's last fifth is not above its first
-# fifth's by more than this (a pipeline falling behind climbs through the run: seconds a minute)...
-RISE_ALLOWED_S = 0.5
-# ... and the last event's row landed within this many of the run's p99 after it was produced, or within
-# DRAIN_FLOOR_S (at low latency three p99s is about a second: one slow poll of the table must not count as behind).
-DRAIN_OVER_P99 = 3.0
-DRAIN_FLOOR_S = 2.0
-
-
-def kept_up(run: dict[str, Any]) -> bool:
-    """Whether the pipeline kept pace with the offered rate: all landed, latency flat, the backlog gone at once."""
-    all_landed = run.get("firsts_seen", 0) >= run.get("firsts", 0)
-    flat = run["last_fifth"] <= run["first_fifth"] + RISE_ALLOWED_S
-    drained = run["drained"] <= max(DRAIN_OVER_P99 * run["p99"], DRAIN_FLOOR_S)
-    return bool(all_landed and flat and drained and run["exact"])
-
-
-def cpu_us_per_event(run: dict[str, Any], who: str) -> float:
-    """CPU-microseconds an offered event, i.e. CPU-seconds per million events, of one process (cores over events/s)."""
-    return float(run["cpu_cores"].get(who, 0.0)) / run["offered"] * 1e6
+from freshness_runs import cpu_us_per_event, freshness_runs, kept_up
 
 
 def spaced(n: float) -> str:
@@ -80,9 +59,8 @@ def main() -> None:
     p.add_argument("files", nargs="+", type=Path, help="JSON-lines files of bench/freshness.py --json")
     args = p.parse_args()
     print(HEADER)
-    for run in load(args.files):
-        if run.get("bench", "freshness") == "freshness":
-            print(row(run))
+    for run in freshness_runs(args.files):
+        print(row(run))
 
 
 if __name__ == "__main__":

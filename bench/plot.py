@@ -1,39 +1,24 @@
-"""PNG plots of the figures the benchmarks append to a JSON-lines file (``--json``): throughput against offered
-rate and latency percentiles against offered rate (bench/freshness.py). Needs matplotlib, which the job and
+"""PNG plots of the figures bench/freshness.py appends to a JSON-lines file (``--json``): delivered rate and
+latency percentiles against offered rate; with ``--by-variant``, each variant's sustained rate and its latency
+percentiles at 1 000/s, 10 000/s and that rate. Needs matplotlib, which the job and
 the tests do not: ``pip install matplotlib`` (or ``pip install -e '.[bench]'``).
 
     python bench/freshness.py --rates 1000,5000,10000 --json /tmp/fresh.jsonl
     python bench/plot.py /tmp/fresh.jsonl --out docs/img
+    python bench/plot.py docs/img/matrix-2026-12-04.jsonl --by-variant --out /tmp/plots
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-def load(paths: list[Path]) -> list[dict[str, Any]]:
-    rows = []
-    for path in paths:
-        for line in path.read_text().splitlines():
-            if line.strip():
-                rows.append(json.loads(line))
-    return rows
-
-
-def delivered_rate(r: dict[str, Any]) -> float:
-    """Events the pipeline took in per second: all of them over the time until the last one landed. Where the
-    harness's wait ran out first (``firsts_seen`` short of ``firsts``), only the share of the measured window's
-    first occurrences that landed counts (the warm-up's landed before them); files from before 2026-11-28
-    midday lack those fields and count every event."""
-    landed = 1.0
-    if r.get("firsts_measured"):
-        landed = max(0.0, 1 - (r["firsts"] - r["firsts_seen"]) / r["firsts_measured"])
-    return r["offered"] * r["seconds"] * landed / (r["seconds"] + r["drained"])
+from freshness_runs import cpu_us_per_event, delivered_rate, freshness_runs, kept_up
 
 
 def series_name(r: dict[str, Any]) -> str:
@@ -46,7 +31,7 @@ def series_name(r: dict[str, Any]) -> str:
         return f"plain loop, {r.get('trigger', '1s')} max delay, {warm}"
     if variant == "nodedup":
         return f"no dedup, {r.get('trigger', '1s')} trigger, {warm}"
-    what = {"partition-probe": "dedup per Kafka partition (probe)",
+    what = {"partition-probe": "dedup per Kafka partition (probe)", "dedup-own": "dedup, ownState",
             "statestore-probe": "dedup per Kafka partition (probe, Spark's state store; 8366640)",
             "dedup-partition": "dedup, perKafkaPartition"}.get(variant, "dedup")
     keys = ", keys scattered" if r.get("scattered_keys") else ""
@@ -71,31 +56,19 @@ def fell_behind(r: dict[str, Any]) -> bool:
     return bool(r["last_fifth"] > 2 * r["first_fifth"] + 1.0)
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("files", type=Path, nargs="+")
-    p.add_argument("--out", type=Path, default=Path("docs/img"))
-    p.add_argument("--label", default="", help="added to the plot titles (e.g. the commit)")
-    args = p.parse_args()
-    try:
-        import matplotlib
+VARIANTS = {"plain": "plain loop", "nodedup": "pipeline,\nno dedup", "dedup-partition": "dedup per\nKafka partition",
+            "dedup-own": "dedup in\nown state", "dedup": "dedup, default\nengine"}
+SHORT = {"plain": "plain\nloop", "nodedup": "no\ndedup", "dedup-partition": "per\npartition", "dedup-own": "own\nstate",
+         "dedup": "default\nengine"}
+TARGET_RATE = 10_000  # the issue's latency targets are set at this offered rate
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("bench/plot.py needs matplotlib: pip install matplotlib", file=sys.stderr)
-        return 2
+
+def plot_vs_offered(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
+    """Rate sweeps: delivered and latency percentiles against offered events/s, a line per series_name."""
     series: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for r in load(args.files):
-        if r.get("bench") == "freshness":
-            series[series_name(r)].append(r)
-    if not series:
-        print("no freshness figures in the files", file=sys.stderr)
-        return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    suffix = f"\n{args.label}" if args.label else ""
-    what = "dedup pipeline" if all(r.get("variant", "dedup") == "dedup" for rs in series.values() for r in rs) \
-        else "each variant"
+    for r in runs:
+        series[series_name(r)].append(r)
+    what = "dedup pipeline" if all(r.get("variant", "dedup") == "dedup" for r in runs) else "each variant"
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     top = 0.0
@@ -115,7 +88,7 @@ def main() -> int:
     ax.set_title(f"{what}: delivered vs offered events/s" + suffix, fontsize=9)
     below(ax, 8)
     ax.grid(alpha=0.3)
-    fig.savefig(args.out / "throughput-vs-offered.png", dpi=100, bbox_inches="tight")
+    fig.savefig(out / f"throughput-vs-offered{tag}.png", dpi=100, bbox_inches="tight")
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for name, rs in series.items():
@@ -130,9 +103,96 @@ def main() -> int:
     ax.set_title(f"{what}: end-to-end latency percentiles" + suffix, fontsize=9)
     below(ax, 7)
     ax.grid(alpha=0.3, which="both")
-    fig.savefig(args.out / "latency-vs-offered.png", dpi=100, bbox_inches="tight")
-    print(f"wrote {args.out / 'throughput-vs-offered.png'} and {args.out / 'latency-vs-offered.png'}")
-    return 0
+    fig.savefig(out / f"latency-vs-offered{tag}.png", dpi=100, bbox_inches="tight")
+    return [out / f"throughput-vs-offered{tag}.png", out / f"latency-vs-offered{tag}.png"]
+
+
+def sustained_runs(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Each variant's run at the highest offered rate that kept up (freshness_runs.kept_up), in VARIANTS' order."""
+    best: dict[str, dict[str, Any]] = {}
+    for r in runs:
+        v = r.get("variant", "dedup")
+        if v in VARIANTS and kept_up(r) and (v not in best or r["offered"] > best[v]["offered"]):
+            best[v] = r
+    return {v: best[v] for v in VARIANTS if v in best}
+
+
+def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
+    """A matrix of variants at fixed rates (docs/benchmarks.md's scenario table): each variant's sustained rate,
+    and its latency percentiles at 1 000/s, at 10 000/s and at that sustained rate."""
+    best = sustained_runs(runs)
+    if not best:
+        print("no run kept up: nothing to draw by variant", file=sys.stderr)
+        return []
+    fig, ax = plt.subplots(figsize=(7, 4))
+    names = [VARIANTS[v] for v in best]
+    ax.barh(names, [r["offered"] for r in best.values()], color="tab:blue")
+    for i, r in enumerate(best.values()):
+        settings = "" if r["variant"] == "plain" else f", {r.get('window') or '5m'} window, {r['max_rows']:,} rows"
+        cpu = cpu_us_per_event(r, "pipeline")
+        ax.text(r["offered"], i, f" {round(r['offered'], -2):,.0f}/s{settings};\n {cpu:.1f} CPU-s per M, "
+                f"p99 {r['p99']:.2f} s", va="center", fontsize=7)
+    ax.axvline(50_000, color="grey", linestyle="--", linewidth=0.8, label="target: 50,000 ev/s")
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(r["offered"] for r in best.values()) * 1.7)
+    thousands(ax)
+    ax.set_xlabel("highest offered events/s that kept up (all landed, exactly; latency flat)")
+    ax.set_title("sustained rate by variant, two cores" + suffix, fontsize=9)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3, axis="x")
+    fig.savefig(out / f"sustained-by-variant{tag}.png", dpi=100, bbox_inches="tight")
+
+    panels = [(f"{rate:,}/s offered", {r.get("variant", "dedup"): r for r in runs
+                                       if abs(r["offered"] - rate) < 0.05 * rate}) for rate in (1_000, TARGET_RATE)]
+    panels.append(("each variant's sustained rate", best))
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4), sharey=True)
+    width = 0.27
+    for ax, (title, by) in zip(axes, panels, strict=True):
+        shown = [v for v in VARIANTS if v in by]
+        for k, (q, colour) in enumerate((("p50", "tab:green"), ("p95", "tab:orange"), ("p99", "tab:red"))):
+            ax.bar([i + (k - 1) * width for i in range(len(shown))], [by[v][q] for v in shown], width,
+                   color=colour, label=q)
+        ax.set_xticks(range(len(shown)), [SHORT[v] for v in shown], fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    for ax in axes[:2]:
+        ax.axhline(2.0, color="grey", linestyle="--", linewidth=0.8, label="target at 10,000/s: p99 < 2 s")
+        ax.axhline(0.7, color="grey", linestyle=":", linewidth=0.8, label="target at 10,000/s: p95 < 0.7 s")
+    axes[0].set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
+    axes[1].legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=5, frameon=False)
+    fig.suptitle("latency percentiles by variant" + suffix.replace("\n", ", "), fontsize=9)
+    fig.savefig(out / f"latency-by-variant{tag}.png", dpi=100, bbox_inches="tight")
+    return [out / f"sustained-by-variant{tag}.png", out / f"latency-by-variant{tag}.png"]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("files", type=Path, nargs="+")
+    p.add_argument("--out", type=Path, default=Path("docs/img"))
+    p.add_argument("--label", default="", help="added to the plot titles (e.g. the commit)")
+    p.add_argument("--tag", default="",
+                   help="added to the file names: --tag 2026-12-04 writes latency-by-variant-2026-12-04.png")
+    p.add_argument("--by-variant", action="store_true",
+                   help="runs of several variants at a few fixed rates (a matrix): bars by variant, not lines by rate")
+    args = p.parse_args()
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench/plot.py needs matplotlib: pip install matplotlib", file=sys.stderr)
+        return 2
+    runs = freshness_runs(args.files)
+    if not runs:
+        print("no freshness figures in the files", file=sys.stderr)
+        return 1
+    args.out.mkdir(parents=True, exist_ok=True)
+    suffix = f"\n{args.label}" if args.label else ""
+    draw = plot_by_variant if args.by_variant else plot_vs_offered
+    written = draw(plt, runs, args.out, suffix, f"-{args.tag}" if args.tag else "")
+    print("wrote " + " and ".join(str(w) for w in written))
+    return 0 if written else 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,55 @@
+"""Reading bench/freshness.py's figures (its ``--json`` lines): what a run delivered and whether it kept up. One
+place for both readers, the Markdown table (freshness_table.py) and the plots (plot.py). Stdlib only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+# A run keeps up when every first occurrence landed, the latency of the run's last fifth is not above its first
+# fifth's by more than this (a pipeline falling behind climbs through the run: seconds a minute)...
+RISE_ALLOWED_S = 0.5
+# ... and the last event's row landed within this many of the run's p99 after it was produced, or within
+# DRAIN_FLOOR_S (at low latency three p99s is about a second: one slow poll of the table must not count as behind).
+DRAIN_OVER_P99 = 3.0
+DRAIN_FLOOR_S = 2.0
+
+
+def load(paths: list[Path]) -> list[dict[str, Any]]:
+    """Every run's figures in the files, in order (a file may hold other benchmarks' lines: see ``bench``)."""
+    rows = []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            if line.strip():
+                rows.append(json.loads(line))
+    return rows
+
+
+def freshness_runs(paths: list[Path]) -> list[dict[str, Any]]:
+    """The bench/freshness.py runs among the lines (older files lack the ``bench`` field: they are all freshness)."""
+    return [r for r in load(paths) if r.get("bench", "freshness") == "freshness"]
+
+
+def kept_up(run: dict[str, Any]) -> bool:
+    """Whether the pipeline kept pace with the offered rate: all landed, latency flat, the backlog gone at once."""
+    all_landed = run.get("firsts_seen", 0) >= run.get("firsts", 0)
+    flat = run["last_fifth"] <= run["first_fifth"] + RISE_ALLOWED_S
+    drained = run["drained"] <= max(DRAIN_OVER_P99 * run["p99"], DRAIN_FLOOR_S)
+    return bool(all_landed and flat and drained and run["exact"])
+
+
+def delivered_rate(r: dict[str, Any]) -> float:
+    """Events the pipeline took in per second: all of them over the time until the last one landed. Where the
+    harness's wait ran out first (``firsts_seen`` short of ``firsts``), only the share of the measured window's
+    first occurrences that landed counts (the warm-up's landed before them); files from before 2026-11-28
+    midday lack those fields and count every event."""
+    landed = 1.0
+    if r.get("firsts_measured"):
+        landed = max(0.0, 1 - (r["firsts"] - r["firsts_seen"]) / r["firsts_measured"])
+    return r["offered"] * r["seconds"] * landed / (r["seconds"] + r["drained"])
+
+
+def cpu_us_per_event(run: dict[str, Any], who: str) -> float:
+    """CPU-microseconds an offered event, i.e. CPU-seconds per million events, of one process (cores over events/s)."""
+    return float(run["cpu_cores"].get(who, 0.0)) / run["offered"] * 1e6
