@@ -130,7 +130,7 @@ def first_gap(seen: np.ndarray, low: int, chunk: int = 1 << 16) -> int:
     """The seq before the first one not seen after ``low`` (or the array's last): scanned a chunk at a time from
     ``low``, so a poll costs what it advances. Scanning the whole rest of the array each poll (``flatnonzero``) took
     97 ms of CPU a landed part at 20 M rows, more the further behind the pipeline was: the harness took 0.06-0.12
-    cores more at 100 000/s (docs/benchmarks.md, 2026-12-02 midday)."""
+    cores more at 100 000/s (docs/benchmarks-journal.md, 2026-12-02 midday)."""
     while True:
         part = seen[low + 1:low + 1 + chunk]
         if not len(part):
@@ -312,9 +312,9 @@ def jfr_driver_options(start_file: Path) -> str:
     """The Spark driver's JVM options for --jfr: deep stacks, so that samples keep their Spark operator, and a 1 s
     recording at start-up. JFR's first start instruments java.io's and Throwable's classes, which in a warm JVM
     throws away the compiled code that inlined them: started only for the measured window, the JIT compiler
-    took 0.58 cores of it at 10 000/s against 0.08 without JFR (docs/benchmarks.md). At start-up nothing is
-    compiled yet. SPARK_SUBMIT_OPTS reaches the driver's JVM, not spark-submit's launcher, whose output is the
-    driver's command line."""
+    took 0.58 cores of it at 10 000/s against 0.08 without JFR (docs/benchmarks-journal.md, 2026-11-28 night).
+    At start-up nothing is compiled yet. SPARK_SUBMIT_OPTS reaches the driver's JVM, not spark-submit's launcher,
+    whose output is the driver's command line."""
     own = os.environ.get("SPARK_SUBMIT_OPTS", "")
     return (f"{own} -XX:FlightRecorderOptions=stackdepth={STACK_DEPTH} "
             f"-XX:StartFlightRecording=name=gp-start,duration=1s,filename={start_file}").strip()
