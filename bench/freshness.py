@@ -24,9 +24,7 @@ import argparse
 import json
 import math
 import os
-import re
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,12 +35,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from clickhouse_driver import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from exact_check import check_every_event, check_exact
+from job_log import batch_phases, last_batch, phases_by_fifth
 from profile_summary import STACK_DEPTH
 from summary_stats import percentile
 from thread_cpu import CpuWindow, descendants
@@ -166,51 +165,6 @@ def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table
     return ServerProcess("plain-loop", argv, log).start()
 
 
-ROWS_PER_CHECK = 3_000_000  # rows of the sink's table a bucket of check_exact holds, about
-
-
-def check_exact(ch: ClickHouseServer, table: str, firsts: int, window: str) -> tuple[bool, int, int, int, int]:
-    """(exact, rows, keys, reopened, too close): exact when every first occurrence landed once (by ``seq``) and no
-    key has two rows less than a deduplication window apart. A repeat produced a window or more after its key's first
-    row opens a new window (docs/semantics.md) and lands: ``reopened`` counts those rows. A run longer than
-    the window has some: the tail of repeats reaches ``max_repeat_delay_s``, and the wait between the warm-up
-    and the measured stream adds to their delay."""
-    w = parse_duration_ms(window)
-    client = ch.client()
-    [(rows,)] = client.execute(f"SELECT count() FROM {table}")
-    # in key buckets: the local server allows 2 GiB in all, less than a GROUP BY of 15 M keys takes
-    n = rows // ROWS_PER_CHECK + 1
-    keys = too_close = 0
-    for i in range(n):
-        [(k, tc)] = client.execute(
-            f"SELECT count(), countIf(c > 1 AND span < (c - 1) * {w}) FROM (SELECT sms_id, count() AS c, "
-            f"max(sent_ms) - min(sent_ms) AS span FROM {table} WHERE cityHash64(sms_id) % {n} = {i} GROUP BY sms_id)")
-        keys, too_close = keys + k, too_close + tc
-    with_seq, seqs = seq_counts(client, table, n)
-    exact = keys == firsts == with_seq == seqs and too_close == 0
-    return exact, rows, keys, rows - with_seq, too_close
-
-
-def seq_counts(client: Client, table: str, buckets: int) -> tuple[int, int]:
-    """(rows with a seq, distinct seqs) of ``table``, counted in ``buckets`` buckets of seq (memory: see
-    ROWS_PER_CHECK); first occurrences carry seq > 0, repeats -1."""
-    with_seq = seqs = 0
-    for i in range(buckets):
-        [(a, b)] = client.execute(
-            f"SELECT count(), uniqExact(seq) FROM {table} WHERE seq > 0 AND seq % {buckets} = {i}")
-        with_seq, seqs = with_seq + a, seqs + b
-    return with_seq, seqs
-
-
-def check_every_event(ch: ClickHouseServer, table: str, events: int, firsts: int) -> tuple[bool, int, int]:
-    """(exact, rows, distinct first occurrences) without deduplication: exact when every event landed once, i.e.
-    ``events`` rows of which ``firsts`` carry a distinct seq (a repeat's seq is -1)."""
-    client = ch.client()
-    [(rows,)] = client.execute(f"SELECT count() FROM {table}")
-    with_seq, seqs = seq_counts(client, table, rows // ROWS_PER_CHECK + 1)
-    return rows == events and with_seq == seqs == firsts, rows, seqs
-
-
 def by_minute(sent: list[float], latencies: list[float]) -> dict[int, tuple[float, float, float]]:
     """p50 / p95 / p99 latency of the rows produced in each minute of the measured window."""
     if not sent:
@@ -220,39 +174,6 @@ def by_minute(sent: list[float], latencies: list[float]) -> dict[int, tuple[floa
     for t, lat in zip(sent, latencies, strict=True):
         groups.setdefault(int((t - t0) // 60), []).append(lat)
     return {m: (percentile(v, 0.5), percentile(v, 0.95), percentile(v, 0.99)) for m, v in sorted(groups.items())}
-
-
-PROGRESS = re.compile(r"progress of batch (\d+): (\d+) input rows, durations ms (\{.*\})")
-
-
-def batch_progress(log: Path) -> list[tuple[int, int, dict[str, float]]]:
-    out = []
-    for line in log.read_text(errors="replace").splitlines():
-        if m := PROGRESS.search(line):
-            out.append((int(m.group(1)), int(m.group(2)), json.loads(m.group(3))))
-    return out
-
-
-WRITTEN = re.compile(r"batch (\d+): .* ([\d.]+) s \(its first part's Spark job ([\d.]+) s\)")
-
-
-def phases_by_fifth(log: Path, first: int) -> list[tuple[float, float, float]]:
-    """For each fifth of the batches from ``first`` on that read records, in order: the median trigger (the
-    whole batch, Spark's ``triggerExecution``), the median ``foreachBatch`` and, of it, the median Spark job
-    computing the batch (the driver's hand-over to ClickHouse is the rest), in ms. A pipeline that falls behind
-    shows which of them grew."""
-    text = log.read_text(errors="replace")
-    jobs = {int(m.group(1)): (float(m.group(2)), float(m.group(3))) for m in WRITTEN.finditer(text)}
-    rows = [(b, d) for b, n, d in batch_progress(log) if b >= first and n > 0 and b in jobs]
-    if len(rows) < 5:
-        return []
-    out = []
-    for i in range(5):
-        part = rows[i * len(rows) // 5:(i + 1) * len(rows) // 5]
-        out.append((statistics.median(float(d.get("triggerExecution", 0)) for _, d in part),
-                    statistics.median(jobs[b][0] * 1000 for b, _ in part),
-                    statistics.median(jobs[b][1] * 1000 for b, _ in part)))
-    return out
 
 
 def wait_for_rows(poller: Poller, rows: int, job: ServerProcess, timeout: float, when: str) -> None:
@@ -272,19 +193,6 @@ def require_alive(job: ServerProcess, poller: Poller, when: str) -> None:
         poller.stop.set()
         poller.join()
         raise SystemExit(f"the pipeline exited {when}; the end of its log {job.log_path}:\n{job.log_tail()}")
-
-
-def last_batch(log: Path) -> int:
-    return max((b for b, _, _ in batch_progress(log)), default=-1)
-
-
-def batch_phases(log: Path, first: int) -> dict[str, float]:
-    """Median per phase (Spark's durationMs) of the batches from ``first`` on that read records."""
-    rows = [d for b, n, d in batch_progress(log) if b >= first and n > 0]
-    keys = sorted({k for d in rows for k in d})
-    out: dict[str, float] = {k: statistics.median(float(d.get(k, 0)) for d in rows) for k in keys}
-    out["batches"] = len(rows)
-    return out
 
 
 def trend(sent: list[float], latencies: list[float]) -> tuple[float, float]:

@@ -27,7 +27,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness import Poller, batch_progress, check_exact, last_batch, pipeline_file, wait_for_rows
+from exact_check import check_exact
+from freshness import Poller, pipeline_file, wait_for_rows
+from job_log import batch_progress, last_batch
 from workload import Workload, produce_plan
 
 from glasspipe_dev.clickhouse import ClickHouseServer
