@@ -42,6 +42,7 @@ for sub in ("dev", "operator", "sparkapp"):
     sys.path.insert(0, str(ROOT / sub))
 
 from glasspipe.api.durations import parse_duration_ms  # noqa: E402
+from glasspipe.contract import STATE_ROW_COUNT_CONF  # noqa: E402
 from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
 from glasspipe_dev.kafka import KafkaServer  # noqa: E402
 from glasspipe_dev.pipelines import STRICT_CODEGEN_CONF, load_example  # noqa: E402
@@ -115,6 +116,11 @@ def records_read(progress: dict[str, Any]) -> int:
         n = sum(int(o) - int(start.get(t, {}).get(p, o)) for t, parts in end.items() for p, o in parts.items())
         seen[src.get("description", "")] = n
     return sum(seen.values())
+
+
+def rows_or_dash(rows: float, counted: bool, width: int = 0) -> str:
+    """A state's row count, or "-" where RocksDB did not count it (numRowsTotal is then 0, not the size)."""
+    return f"{rows:{width},.0f}" if counted else "-".rjust(width)
 
 
 def join_operators(progress: dict[str, Any]) -> list[dict[str, Any]]:
@@ -195,6 +201,10 @@ def main() -> None:
         conf.update(kv.split("=", 1) for kv in args.conf)
         config = load_job_config(config_from_resource(doc))
         spark = local_session("glasspipe-bench-join", config.spark_conf)
+        # glasspipe turns RocksDB's row count off (a read per write): then numRowsTotal is 0, not the state's size
+        counted = str(config.spark_conf.get(STATE_ROW_COUNT_CONF, "")).lower() == "true"
+        if not counted:
+            print(f"state rows are not counted (shown as -): --conf {STATE_ROW_COUNT_CONF}=true counts them")
         running = start_pipeline(spark, config)
         produced = mp.Value("q", 0)
         # a left join with unmatched orders writes the last window's only once the watermark passes it
@@ -243,8 +253,9 @@ def main() -> None:
                 samples.append(s)
                 moved = now if written != last_written else moved
                 last_written, last_t = written, now
+                state = rows_or_dash(s["state"], counted, 10)
                 print(f"{s['t']:5.0f} {s['produced']:9,.0f} {s['written']:9,.0f} {s['in']:7,.0f} {s['proc']:7,.0f} "
-                      f"{s['batch_ms']:8,.0f} {s['state']:10,.0f} {s['mem']:8,.1f} {s['lag']:8,.0f}")
+                      f"{s['batch_ms']:8,.0f} {state} {s['mem']:8,.1f} {s['lag']:8,.0f}")
                 if not gen.is_alive() and written >= produced.value + closing:
                     break
         finally:
@@ -265,8 +276,9 @@ def main() -> None:
             def custom(key: str, ops: list[dict[str, Any]] = ops) -> int:
                 return sum(int((o.get("customMetrics") or {}).get(key) or 0) for o in ops)
 
+            state = rows_or_dash(op_sum("numRowsTotal"), counted, 10)
             print(f"{prog['batchId']:5} {records_read(prog):9,} {d.get('triggerExecution', 0):7,} "
-                  f"{d.get('addBatch', 0):7,} {d.get('queryPlanning', 0):6,} {op_sum('numRowsTotal'):10,} "
+                  f"{d.get('addBatch', 0):7,} {d.get('queryPlanning', 0):6,} {state} "
                   f"{op_sum('memoryUsedBytes') / 1e6:7,.1f} {op_sum('allUpdatesTimeMs'):7,} "
                   f"{op_sum('allRemovalsTimeMs'):7,} {op_sum('commitTimeMs'):7,} "
                   f"{op_sum('numRowsDroppedByWatermark'):6,} {custom('numExpiredTimers'):8,} "
@@ -282,7 +294,8 @@ def main() -> None:
             print(f"\nbatches {progress[0]['batchId']}..{progress[-1]['batchId']}: {rows:,} Kafka records in "
                   f"{ms / 1000:.1f} s = {per_s:,.0f} records/s = {orders_s:,.0f} orders/s, "
                   f"{orders_s * (1 - args.unmatched):,.0f} matched pairs/s "
-                  f"(produced {args.rate:,}/s); join state max {max(states):,} rows, RocksDB memory max "
+                  f"(produced {args.rate:,}/s); join state max {rows_or_dash(max(states), counted)} rows, "
+                  f"RocksDB memory max "
                   f"{max(mems) / 1e6:,.1f} MB; lag at the end {left:,} records")
         running.query.stop()
         running.close()
