@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_check import check_every_event, check_exact
-from job_log import batch_phases, last_batch, phases_by_fifth
+from freshness_runs import EXAMPLE_WINDOW
+from job_log import JobLog
 from profile_summary import STACK_DEPTH
 from summary_stats import percentile
 from thread_cpu import CpuWindow, descendants
@@ -264,7 +265,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.start()
         wait_for_rows(poller, workload.firsts - (len(plan) - plan.repeats), job, math.inf,
                       "before the warm-up's rows landed")
-        first_batch = last_batch(tmp / f"{table}.log") + 1
+        first_batch = JobLog.read(tmp / f"{table}.log").last_batch() + 1
         pipeline = job.proc.pid if job.proc else None
         with CpuWindow({"pipeline": pipeline, "Kafka": kafka.pid, "ClickHouse": ch.pid}, by_thread="pipeline") as win:
             if jfr is not None:
@@ -286,7 +287,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.join()
         lat, sent = poller.values(since=began)
         if variant in DEDUPLICATING:
-            exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts, window or "5m")
+            exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts,
+                                                                     window or EXAMPLE_WINDOW)
             checked = (f"{rows} rows, {distinct} keys, {workload.firsts} first occurrences, {reopened} repeats a "
                        f"window or more after their key's first row, {too_close} keys with two rows less than a "
                        "window apart")
@@ -295,7 +297,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             exact, rows, firsts = check_every_event(ch, table, events, workload.firsts)
             checked = (f"{rows} rows of {events} events, {firsts} distinct first occurrences of {workload.firsts}; "
                        "no deduplication: every event lands")
-        phases = batch_phases(tmp / f"{table}.log", first_batch)
+        job_log = JobLog.read(tmp / f"{table}.log")
+        phases = job_log.phases(first_batch)
         batches = phases.pop("batches", 0)
         print(f"{VARIANTS[variant]}: offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s "
               f"({got['events']:.0f} events, "
@@ -323,7 +326,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         if batches:
             print(f"  per micro-batch while measuring (median ms over {batches:.0f} batches with data): "
                   + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
-        fifths = phases_by_fifth(tmp / f"{table}.log", first_batch)
+        fifths = job_log.phases_by_fifth(first_batch)
         if fifths:
             print("  by fifth of those batches, median ms of the trigger / foreachBatch / its Spark job: " + "; ".join(
                 f"{t:.0f} / {f:.0f} / {j:.0f}" for t, f, j in fifths), flush=True)

@@ -14,6 +14,8 @@ RISE_ALLOWED_S = 0.5
 # DRAIN_FLOOR_S (at low latency three p99s is about a second: one slow poll of the table must not count as behind).
 DRAIN_OVER_P99 = 3.0
 DRAIN_FLOOR_S = 2.0
+# deduplication.window of the sms-dedup example, which a run without --window keeps (its "window" is then null)
+EXAMPLE_WINDOW = "5m"
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
@@ -29,6 +31,11 @@ def load(paths: list[Path]) -> list[dict[str, Any]]:
 def freshness_runs(paths: list[Path]) -> list[dict[str, Any]]:
     """The bench/freshness.py runs among the lines (older files lack the ``bench`` field: they are all freshness)."""
     return [r for r in load(paths) if r.get("bench", "freshness") == "freshness"]
+
+
+def window_of(run: dict[str, Any]) -> str:
+    """The run's deduplication window."""
+    return str(run.get("window") or EXAMPLE_WINDOW)
 
 
 def kept_up(run: dict[str, Any]) -> bool:

@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness_runs import cpu_us_per_event, freshness_runs, kept_up
+from freshness_runs import cpu_us_per_event, freshness_runs, kept_up, window_of
 
 
 def spaced(n: float) -> str:
@@ -27,7 +27,7 @@ def settings(run: dict[str, Any]) -> str:
     """The pipeline's window, trigger and INSERT size; the plain loop has none of them (its own 100 000-row blocks)."""
     if run["variant"] == "plain":
         return "none (the loop's own)"
-    return f"{run.get('window') or '5m'}, {run['trigger']}, {spaced(run['max_rows'])} rows"
+    return f"{window_of(run)}, {run['trigger']}, {spaced(run['max_rows'])} rows"
 
 
 def row(run: dict[str, Any]) -> str:

@@ -202,7 +202,7 @@ def main() -> None:
         config = load_job_config(config_from_resource(doc))
         spark = local_session("glasspipe-bench-join", config.spark_conf)
         # glasspipe turns RocksDB's row count off (a read per write): then numRowsTotal is 0, not the state's size
-        counted = str(config.spark_conf.get(STATE_ROW_COUNT_CONF, "")).lower() == "true"
+        counted = config.spark_conf.get(STATE_ROW_COUNT_CONF, "").lower() == "true"
         if not counted:
             print(f"state rows are not counted (shown as -): --conf {STATE_ROW_COUNT_CONF}=true counts them")
         running = start_pipeline(spark, config)

@@ -18,7 +18,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness_runs import cpu_us_per_event, delivered_rate, freshness_runs, kept_up
+from freshness_runs import cpu_us_per_event, delivered_rate, freshness_runs, kept_up, window_of
 
 
 def series_name(r: dict[str, Any]) -> str:
@@ -35,7 +35,7 @@ def series_name(r: dict[str, Any]) -> str:
             "statestore-probe": "dedup per Kafka partition (probe, Spark's state store; 8366640)",
             "dedup-partition": "dedup, perKafkaPartition"}.get(variant, "dedup")
     keys = ", keys scattered" if r.get("scattered_keys") else ""
-    return f"{what}, {r.get('trigger', '1s')} trigger, {r.get('window') or '5m'} window{keys}, {warm}"
+    return f"{what}, {r.get('trigger', '1s')} trigger, {window_of(r)} window{keys}, {warm}"
 
 
 def below(ax: Any, size: int) -> None:
@@ -122,7 +122,7 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     names = [VARIANTS[v] for v in best]
     ax.barh(names, [r["offered"] for r in best.values()], color="tab:blue")
     for i, r in enumerate(best.values()):
-        settings = "" if r["variant"] == "plain" else f", {r.get('window') or '5m'} window, {r['max_rows']:,} rows"
+        settings = "" if r["variant"] == "plain" else f", {window_of(r)} window, {r['max_rows']:,} rows"
         cpu = cpu_us_per_event(r, "pipeline")
         ax.text(r["offered"], i, f" {round(r['offered'], -2):,.0f}/s{settings};\n {cpu:.1f} CPU-s per M, "
                 f"p99 {r['p99']:.2f} s", va="center", fontsize=7)

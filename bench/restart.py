@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_check import check_exact
 from freshness import Poller, pipeline_file, wait_for_rows
-from job_log import batch_progress, last_batch
+from job_log import JobLog
 from workload import Workload, produce_plan
 
 from glasspipe_dev.clickhouse import ClickHouseServer
@@ -59,10 +59,10 @@ def replay_size(checkpoint: Path) -> list[tuple[str, int, int, int]]:
 
 def wait_idle(log: Path, quiet: float = 5.0, timeout: float = 120.0) -> None:
     """Until the job has started no batch for ``quiet`` seconds (its no-data batches for timers included)."""
-    seen, since, deadline = last_batch(log), time.monotonic(), time.monotonic() + timeout
+    seen, since, deadline = JobLog.read(log).last_batch(), time.monotonic(), time.monotonic() + timeout
     while time.monotonic() - since < quiet and time.monotonic() < deadline:
         time.sleep(0.5)
-        now = last_batch(log)
+        now = JobLog.read(log).last_batch()
         if now != seen:
             seen, since = now, time.monotonic()
 
@@ -93,7 +93,7 @@ def main() -> None:
         produce_plan(bootstrap, topic, workload.plan(int(args.rate * args.seconds), args.rate), args.rate)
         wait_for_rows(poller, workload.firsts, job, 120, "before the crash's rows landed")
         wait_idle(tmp / "before.log")
-        batches = last_batch(tmp / "before.log") + 1
+        batches = JobLog.read(tmp / "before.log").last_batch() + 1
         job.kill()
         landed = poller.rows
         print(f"before the crash: {args.rate:.0f} ev/s for {args.seconds:.0f} s, trigger {args.trigger}, window "
@@ -117,7 +117,7 @@ def main() -> None:
         wait_idle(tmp / "after.log")
         job.stop(timeout=60)
         print(f"after the restart: the first new row landed {first_row or float('nan'):.1f} s after the restart")
-        for batch, rows, durations in [b for b in batch_progress(tmp / "after.log") if b[1] > 0][:3]:
+        for batch, rows, durations in [b for b in JobLog.read(tmp / "after.log").progress if b[1] > 0][:3]:
             print(f"  batch {batch}: {rows} rows, addBatch {durations.get('addBatch', 0):.0f} ms, "
                   f"triggerExecution {durations.get('triggerExecution', 0):.0f} ms")
         exact, rows, keys, reopened, too_close = check_exact(ch, table, workload.firsts, args.window)
