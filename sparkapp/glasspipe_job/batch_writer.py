@@ -30,6 +30,7 @@ from pyspark.sql import functions as F
 
 from glasspipe.api.validation import parse_clickhouse_type
 from glasspipe_job.arrow_parts import FirstPartAhead, SparkWorker, arrow_partitions
+from glasspipe_job.clean_stop import StopBetweenBatches
 from glasspipe_job.clickhouse.ledger import LateRange
 from glasspipe_job.clickhouse.sink import ClickHouseSink
 from glasspipe_job.config import JobConfig
@@ -158,6 +159,7 @@ class BatchWriter:
         self.metrics = metrics
         self.checkpoint = checkpoint
         self.failure: Exception | None = None  # the error a micro-batch raised (see __call__)
+        self.stop_between_batches = StopBetweenBatches()  # a stop asked for ends the query after a whole batch
         self._ahead = SparkWorker()  # computes each batch's first part (arrow_parts.FirstPartAhead)
         self.output_names = [c.name for c in config.columns]
         self.required = [c.name for c in config.columns if not parse_clickhouse_type(c.clickhouse_type).nullable]
@@ -165,11 +167,14 @@ class BatchWriter:
     def __call__(self, df: DataFrame, batch_id: int) -> None:
         """foreachBatch: Spark hands the driver only its own wrapper of an error raised here, so the error is
         also kept in ``failure`` for the runner to report in its own words."""
+        self.stop_between_batches.batch_started()
         try:
             self._write(df, batch_id)
         except Exception as e:
             self.failure = e
             raise
+        finally:
+            self.stop_between_batches.batch_ended()
 
     def _write(self, df: DataFrame, batch_id: int) -> None:
         started = time.monotonic()

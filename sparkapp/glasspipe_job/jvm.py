@@ -306,6 +306,17 @@ def arrow_batch_rdd(df: DataFrame, large_var_types: bool) -> Any:
     return cls.batches(jdf.queryExecution().executedPlan(), jdf.schema(), max_records, large_var_types)
 
 
+QUERY_END_ENTRY = "io.glasspipe.spark.QueryEnd"
+
+
+def end_query_after_batch(spark: Any, query: Any) -> bool:
+    """Marks the started ``query`` (a pyspark StreamingQuery) to end after its micro-batch in flight, interrupting
+    nothing (QueryEnd, clean_stop.py); False when the ops jar is not loaded or the query is not a micro-batch one:
+    then only its ``stop()`` ends it."""
+    cls = _loaded_class(spark, QUERY_END_ENTRY)
+    return cls is not None and bool(cls.afterBatchInFlight(query._jsq))
+
+
 def keys_in_two_partitions(spark: Any) -> int:
     """How many times this driver saw a key again in another Kafka partition within its window (0 when the jar
     is not loaded: no dedup ran), in Spark's engine and in own state after the shuffle by key."""

@@ -30,7 +30,7 @@ from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.failure import explain
 from glasspipe_job.join import build_join_stream, join_sides, join_state_plan
-from glasspipe_job.jvm import partition_dedup_counts
+from glasspipe_job.jvm import end_query_after_batch, partition_dedup_counts
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
@@ -51,6 +51,7 @@ log = logging.getLogger("glasspipe.job")
 PARTITION_CHECK_SECONDS = 30.0
 FENCE_CHECK_SECONDS = 10.0  # an idle stale writer notices a newer layout within this time
 STOP_DRAIN_SECONDS = 20.0  # SIGTERM: wait this long for the batch in flight (Kubernetes' grace is 30 s)
+STOP_IDLE_SECONDS = 1.0  # a stop: no batch came within a trigger interval and this long, so the stream is idle
 
 
 @dataclass
@@ -73,6 +74,7 @@ class RunningPipeline:
     sink: ClickHouseSink
     assignments: list[SourceAssignment]
     writer: BatchWriter | None = None
+    idle_stop_seconds: float = STOP_IDLE_SECONDS  # a stop: no batch came this long, so the stream is idle
 
     def close(self) -> None:
         for a in self.assignments:
@@ -333,8 +335,11 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
         stream = stream.trigger(availableNow=True)
     else:
         stream = stream.trigger(processingTime=f"{config.trigger_interval_ms} milliseconds")
-    return RunningPipeline(start_query(spark, stream, sorted_stream=own_state_by_key(config)), metrics, sink,
-                           assignments, writer)
+    query = start_query(spark, stream, sorted_stream=own_state_by_key(config))
+    writer.stop_between_batches.bind(lambda: end_query_after_batch(spark, query))
+    return RunningPipeline(query, metrics, sink, assignments, writer,
+                           idle_stop_seconds=STOP_IDLE_SECONDS + (0 if available_now else
+                                                                  config.trigger_interval_ms / 1000))
 
 
 def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
@@ -360,13 +365,25 @@ def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
 
 
 def _stop_between_batches(running: RunningPipeline) -> None:
-    """Stop the query once no micro-batch is in flight: StreamingQuery.stop() interrupts a running batch,
-    which then fails in the middle of its writes (exact all the same, but noisy and replayed)."""
-    deadline = time.monotonic() + STOP_DRAIN_SECONDS
-    while running.query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        time.sleep(0.2)
+    """End the query between micro-batches (clean_stop.py): after the batch in flight or, if none is in the
+    writer's call, after the next one; a stream with no new data, once no batch came for a trigger interval and
+    a second. Failing that within STOP_DRAIN_SECONDS, StreamingQuery.stop() interrupts the batch in flight (exact
+    all the same, but replayed). A batch that fails meanwhile raises its error, as it does while the job runs."""
     log.info("stopping the query between micro-batches (SIGTERM or Ctrl-C)")
-    running.query.stop()
+    started = time.monotonic()
+    gate = running.writer.stop_between_batches if running.writer is not None else None
+    if gate is not None:
+        gate.ask()
+    while not _await(running, 1):  # returns at once when the query ends
+        waited = time.monotonic() - started
+        if gate is not None and not gate.ended and waited >= running.idle_stop_seconds:
+            gate.end_when_idle()
+        if waited >= STOP_DRAIN_SECONDS or gate is None or (waited >= running.idle_stop_seconds and not gate.ended):
+            log.warning("the query did not end between micro-batches within %.0f s: stopping it, which interrupts "
+                        "the batch in flight (exact all the same: the next start replays it)", waited)
+            running.query.stop()
+            return
+    log.info("the query ended between micro-batches")
 
 
 def _stopped(running: RunningPipeline, stop: threading.Event | None) -> bool:

@@ -1,0 +1,35 @@
+package io.glasspipe.spark;
+
+import org.apache.spark.sql.execution.streaming.runtime.StreamExecution;
+import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper;
+import org.apache.spark.sql.execution.streaming.runtime.TERMINATED$;
+import org.apache.spark.sql.streaming.StreamingQuery;
+
+/**
+ * Ends a streaming query after its micro-batch in flight, interrupting nothing. Spark has no such stop:
+ * {@code StreamingQuery.stop()} marks the query terminated and interrupts its thread, so a batch in flight fails
+ * in the middle of its writes (exact all the same, by the sink's ledger, but replayed, and noisy: the foreachBatch
+ * callback's error came back as a Python traceback, and Spark's check of whether that error is an interruption, a
+ * regex over the whole text, overflowed the thread's stack on a long one). The trigger loop runs a batch only
+ * while the query is active and ends once it is not; marking it terminated, without the interrupt, lets the batch
+ * in flight finish and commit, then the loop ends and the query terminates as a stopped one, with no exception.
+ *
+ * <p>Spark checks again just before a batch's plan runs, and interrupts the batch if the query is no longer active
+ * by then: marked from inside the batch's foreachBatch call, past that check, the batch runs to its end.
+ */
+public final class QueryEnd {
+  private QueryEnd() {}
+
+  /**
+   * Marks {@code query} terminated, to end after its batch in flight; false when it is not a micro-batch query of
+   * this Spark (the caller then stops it with {@code stop()}).
+   */
+  public static boolean afterBatchInFlight(StreamingQuery query) {
+    StreamingQuery inner = query instanceof StreamingQueryWrapper wrapper ? wrapper.streamingQuery() : query;
+    if (!(inner instanceof StreamExecution execution)) {
+      return false;
+    }
+    execution.state().set(TERMINATED$.MODULE$);
+    return true;
+  }
+}

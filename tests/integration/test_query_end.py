@@ -1,0 +1,43 @@
+"""Ending a streaming query after its micro-batch in flight (io.glasspipe.spark.QueryEnd, clean_stop.py) on real
+local Spark: the batch that marks it runs to its end, Spark jobs in it included, and commits; no batch starts
+after it; the query ends as a stopped one, with no exception. StreamingQuery.stop() at the same point interrupts
+the batch instead (tests/integration/test_job_dedup.py's signal test saw it)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from glasspipe_job.jvm import end_query_after_batch
+
+pytestmark = pytest.mark.integration
+
+
+def test_a_marked_query_ends_after_its_batch_in_flight(spark: Any, tmp_path: Path) -> None:
+    """Batch 1 marks the query, then runs Spark jobs: had the mark interrupted the batch (as stop() does), they
+    would fail and batch 1 would not commit; had it not ended the query, batch 2 would run."""
+    seen: list[tuple[int, int]] = []
+    holder: dict[str, Any] = {}
+
+    def each_batch(df: Any, batch_id: int) -> None:
+        if batch_id == 1:
+            assert end_query_after_batch(spark, holder["query"])
+        df.count()  # the batch's own plan, then another job
+        seen.append((batch_id, int(spark.range(200_000).selectExpr("sum(id)").first()[0])))
+
+    checkpoint = tmp_path / "ckpt"
+    stream = (spark.readStream.format("rate").option("rowsPerSecond", 50).load()
+              .writeStream.option("checkpointLocation", str(checkpoint)).foreachBatch(each_batch)
+              .trigger(processingTime="100 milliseconds"))
+    holder["query"] = query = stream.start()
+    try:
+        assert query.awaitTermination(60), f"the query did not end: {seen}"
+        time.sleep(1)  # a batch 2 would have started by now
+    finally:
+        query.stop()
+    assert seen == [(0, 19_999_900_000), (1, 19_999_900_000)], seen
+    assert query.exception() is None
+    assert sorted(p.name for p in (checkpoint / "commits").iterdir() if not p.name.startswith(".")) == ["0", "1"]
