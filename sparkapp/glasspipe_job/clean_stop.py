@@ -23,14 +23,23 @@ class StopBetweenBatches:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._end: Callable[[], bool] | None = None
+        self._thread_ended: Callable[[float], bool] | None = None
         self._asked = False
         self._in_batch = False
-        self.ended = False  # the query is marked to end after its batch in flight
+        self.ended = False  # the query is marked to end after its batch in flight (its thread may still run)
 
-    def bind(self, end: Callable[[], bool]) -> None:
-        """``end`` marks the started query to end after its batch in flight; False if it cannot."""
+    def bind(self, end: Callable[[], bool], thread_ended: Callable[[float], bool]) -> None:
+        """``end`` marks the started query to end after its batch in flight (False if it cannot);
+        ``thread_ended(seconds)`` then waits that long for the query's thread to end, and says whether it has."""
         with self._lock:
-            self._end = end
+            self._end, self._thread_ended = end, thread_ended
+
+    def ended_within(self, seconds: float) -> bool | None:
+        """Once the query is marked, whether its thread has ended within ``seconds`` (the mark alone makes Spark's
+        awaitTermination answer True); None before, when Spark's own answer holds."""
+        if not self.ended or self._thread_ended is None:
+            return None
+        return self._thread_ended(seconds)
 
     def batch_started(self) -> None:
         """The writer's call began (Spark's last check before the batch is behind it): a stop asked for ends the

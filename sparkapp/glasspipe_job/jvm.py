@@ -317,6 +317,14 @@ def end_query_after_batch(spark: Any, query: Any) -> bool:
     return cls is not None and bool(cls.afterBatchInFlight(query._jsq))
 
 
+def query_thread_ended(spark: Any, query: Any, seconds: float) -> bool:
+    """Whether the thread of a ``query`` marked by end_query_after_batch has ended, waiting up to ``seconds``:
+    once marked, ``awaitTermination`` answers True from the mark alone, while the last batch may still run."""
+    cls = _loaded_class(spark, QUERY_END_ENTRY)
+    assert cls is not None, "end_query_after_batch marked the query: the ops jar is loaded"
+    return bool(cls.threadEnded(query._jsq, max(1, round(seconds * 1000))))
+
+
 def keys_in_two_partitions(spark: Any) -> int:
     """How many times this driver saw a key again in another Kafka partition within its window (0 when the jar
     is not loaded: no dedup ran), in Spark's engine and in own state after the shuffle by key."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -174,6 +175,14 @@ class ProgressListener(StreamingQueryListener):
     def __init__(self, metrics: JobMetrics) -> None:
         self.metrics = metrics
         self._java: Any = None
+        self._running = 0  # queries whose start reached this listener and whose end has not yet
+        self._changed = threading.Condition()
+
+    def wait_for_query_ends(self, timeout: float) -> bool:
+        """Wait until every query's end has reached this listener (Spark delivers events later, in order: its
+        last progress comes before it), at most ``timeout`` seconds; whether they all have."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self._running <= 0, timeout)
 
     @property
     def _jlistener(self) -> Any:
@@ -205,6 +214,8 @@ class ProgressListener(StreamingQueryListener):
         self.on_terminated(event.exception)
 
     def on_started(self, query_id: Any, run_id: Any) -> None:
+        with self._changed:
+            self._running += 1
         log.info("query started: id=%s run=%s", query_id, run_id)
 
     def on_progress_json(self, text: str) -> None:
@@ -217,6 +228,9 @@ class ProgressListener(StreamingQueryListener):
             log.exception("could not read query progress")
 
     def on_terminated(self, exception: str | None) -> None:
+        with self._changed:
+            self._running -= 1
+            self._changed.notify_all()
         if exception:
             log.error("query terminated with %s", exception)
 

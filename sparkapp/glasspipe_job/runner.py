@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -22,6 +23,7 @@ from glasspipe.api.durations import parse_duration_ms
 from glasspipe.api.validation import table_sort_key
 from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters
+from glasspipe_job.clean_stop import StopBetweenBatches
 from glasspipe_job.clickhouse.connection import Connection
 from glasspipe_job.clickhouse.ledger import Fence, Ledger, LedgerRow, Superseded, next_generation
 from glasspipe_job.clickhouse.mutations import MutationStuck
@@ -30,7 +32,7 @@ from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.failure import explain
 from glasspipe_job.join import build_join_stream, join_sides, join_state_plan
-from glasspipe_job.jvm import end_query_after_batch, partition_dedup_counts
+from glasspipe_job.jvm import end_query_after_batch, partition_dedup_counts, query_thread_ended
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
@@ -48,9 +50,11 @@ from glasspipe_job.transform import (
 
 log = logging.getLogger("glasspipe.job")
 
-PARTITION_CHECK_SECONDS = 30.0
+# how often a continuous run looks for partitions added to its topics (tests shorten it)
+PARTITION_CHECK_SECONDS = float(os.environ.get("GLASSPIPE_PARTITION_CHECK_SECONDS", "30"))
 FENCE_CHECK_SECONDS = 10.0  # an idle stale writer notices a newer layout within this time
 STOP_DRAIN_SECONDS = 20.0  # SIGTERM: wait this long for the batch in flight (Kubernetes' grace is 30 s)
+LISTENER_DRAIN_SECONDS = 5.0  # at the end of a run: wait this long for its queries' last events
 STOP_IDLE_SECONDS = 1.0  # a stop: no batch came within a trigger interval and this long, so the stream is idle
 
 
@@ -336,7 +340,8 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     else:
         stream = stream.trigger(processingTime=f"{config.trigger_interval_ms} milliseconds")
     query = start_query(spark, stream, sorted_stream=own_state_by_key(config))
-    writer.stop_between_batches.bind(lambda: end_query_after_batch(spark, query))
+    writer.stop_between_batches.bind(lambda: end_query_after_batch(spark, query),
+                                     lambda seconds: query_thread_ended(spark, query, seconds))
     return RunningPipeline(query, metrics, sink, assignments, writer,
                            idle_stop_seconds=STOP_IDLE_SECONDS + (0 if available_now else
                                                                   config.trigger_interval_ms / 1000))
@@ -364,17 +369,26 @@ def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
         raise
 
 
-def _stop_between_batches(running: RunningPipeline) -> None:
+def _ended(running: RunningPipeline, gate: StopBetweenBatches | None) -> bool:
+    """Whether the query has ended, waiting up to a second; raises the error of a batch that failed. Once the query
+    is marked, Spark's awaitTermination says True at once: its thread is waited for instead."""
+    thread_ended = gate.ended_within(1) if gate is not None else None
+    if thread_ended is False:
+        return False
+    return _await(running, 1)  # at once if the thread has ended
+
+
+def _stop_between_batches(running: RunningPipeline, why: str) -> None:
     """End the query between micro-batches (clean_stop.py): after the batch in flight or, if none is in the
     writer's call, after the next one; a stream with no new data, once no batch came for a trigger interval and
     a second. Failing that within STOP_DRAIN_SECONDS, StreamingQuery.stop() interrupts the batch in flight (exact
     all the same, but replayed). A batch that fails meanwhile raises its error, as it does while the job runs."""
-    log.info("stopping the query between micro-batches (SIGTERM or Ctrl-C)")
+    log.info("stopping the query between micro-batches (%s)", why)
     started = time.monotonic()
     gate = running.writer.stop_between_batches if running.writer is not None else None
     if gate is not None:
         gate.ask()
-    while not _await(running, 1):  # returns at once when the query ends
+    while not _ended(running, gate):
         waited = time.monotonic() - started
         if gate is not None and not gate.ended and waited >= running.idle_stop_seconds:
             gate.end_when_idle()
@@ -390,7 +404,7 @@ def _stopped(running: RunningPipeline, stop: threading.Event | None) -> bool:
     """Whether a stop was asked for (SIGTERM, Ctrl-C); if so, the query is stopped between micro-batches."""
     if stop is None or not stop.is_set():
         return False
-    _stop_between_batches(running)
+    _stop_between_batches(running, "SIGTERM or Ctrl-C")
     return True
 
 
@@ -401,7 +415,18 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
     new ones from their beginning, the others from the checkpoint."""
     metrics = JobMetrics(config.pipeline, config.replica)
     metrics.serve(metrics_port)
-    spark.streams.addListener(ProgressListener(metrics))
+    listener = ProgressListener(metrics)
+    spark.streams.addListener(listener)
+    try:
+        return _run_queries(spark, config, available_now, metrics, stop)
+    finally:  # Spark delivers a query's last events later: at exit, they reached a Python already gone
+        listener.wait_for_query_ends(LISTENER_DRAIN_SECONDS)
+        spark.streams.removeListener(listener)
+
+
+def _run_queries(spark: SparkSession, config: JobConfig, available_now: bool, metrics: JobMetrics,
+                 stop: threading.Event | None) -> JobMetrics:
+    """run_pipeline's queries: one, or one after another while partitions are added."""
     while True:
         running = start_pipeline(spark, config, available_now, metrics)
         try:
@@ -433,7 +458,7 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
                     continue
                 if now != owned:
                     log.warning("partitions owned changed from %s to %s: restarting the query", owned, now)
-                    running.query.stop()
+                    _stop_between_batches(running, "to restart it")
                     break
             else:
                 return metrics

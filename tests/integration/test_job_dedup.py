@@ -544,3 +544,43 @@ def test_a_signal_to_the_jobs_process_group_stops_it_between_micro_batches(
     assert "the query ended between micro-batches" in log and "Failed to cancel job group" not in log, log[-6000:]
     written = total_of(totals(log), "rows written")
     assert written > 0 and written == _count(clickhouse, table), (written, totals(log))
+
+
+def test_partitions_added_to_the_topic_restart_the_query_after_a_whole_batch(
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    """A continuous run looks for partitions added to its topics (every 30 s; 2 s here) and restarts its query in
+    place: ended after the batch in flight, as a stop is, not interrupted inside it. The new partitions' records
+    land, the old partition's are not read again."""
+    from confluent_kafka.admin import AdminClient, NewPartitions
+
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1)
+    produce(kafka.bootstrap, topic, [sms(f"a-{i:03d}", "first", T0 + timedelta(seconds=i)) for i in range(100)])
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
+                           tmp_path / "job.log", env={"GLASSPIPE_PARTITION_CHECK_SECONDS": "2"})
+    try:
+        deadline = time.monotonic() + 240
+        while _count(clickhouse, table) < 100:
+            assert job.alive() and time.monotonic() < deadline, f"no rows landed; log:\n{job.log_tail()}"
+            time.sleep(0.5)
+        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
+        for done in admin.create_partitions([NewPartitions(topic, 3)]).values():
+            done.result(30)
+        del admin  # its connections go now, not when Kafka stops after the test
+        produce(kafka.bootstrap, topic, [sms(f"b-{i:03d}", "first", T0 + timedelta(seconds=100 + i))
+                                         for i in range(100)], partition_of=lambda key: 1 + int(key[2:]) % 2)
+        deadline = time.monotonic() + 120  # one replica subscribes: Spark may read the new partitions before it
+        while _count(clickhouse, table) < 200 or "partitions [0, 1, 2]" not in (tmp_path / "job.log").read_text():
+            assert job.alive() and time.monotonic() < deadline, f"no restart, or the new partitions' rows did not " \
+                                                                f"land; log:\n{job.log_tail()}"
+            time.sleep(0.5)
+    finally:
+        job.stop()
+    log = (tmp_path / "job.log").read_text()
+    restart = log.index("stopping the query between micro-batches (to restart it)")
+    assert "partitions owned changed" in log[:restart], log[-6000:]
+    ended, restarted = log.find("the query ended between micro-batches", restart), log.find(" reads ", restart)
+    assert 0 <= ended < restarted, log[restart:restart + 6000]
+    assert "Failed to cancel job group" not in log and "Traceback" not in log, log[-6000:]
+    assert "Listener PythonStreamingQueryListenerWrapper threw" not in log, log[-6000:]  # the queries' last events
+    rows = clickhouse.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
+    assert rows == (200, 200), rows

@@ -1,30 +1,35 @@
 """Ending a streaming query after its micro-batch in flight (io.glasspipe.spark.QueryEnd, clean_stop.py) on real
 local Spark: the batch that marks it runs to its end, Spark jobs in it included, and commits; no batch starts
-after it; the query ends as a stopped one, with no exception. StreamingQuery.stop() at the same point interrupts
-the batch instead (tests/integration/test_job_dedup.py's signal test saw it)."""
+after it; the query ends as a stopped one, with no exception, once its thread does (Spark's awaitTermination
+answers from the mark alone). StreamingQuery.stop() at the same point interrupts the batch instead
+(tests/integration/test_job_dedup.py's signal test saw it)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from glasspipe_job.jvm import end_query_after_batch
+from glasspipe_job.jvm import end_query_after_batch, query_thread_ended
 
 pytestmark = pytest.mark.integration
 
 
 def test_a_marked_query_ends_after_its_batch_in_flight(spark: Any, tmp_path: Path) -> None:
-    """Batch 1 marks the query, then runs Spark jobs: had the mark interrupted the batch (as stop() does), they
-    would fail and batch 1 would not commit; had it not ended the query, batch 2 would run."""
+    """Batch 1 marks the query, then runs on for 3 s and runs Spark jobs: had the mark interrupted the batch (as
+    stop() does), they would fail and batch 1 would not commit; had it not ended the query, batch 2 would run."""
     seen: list[tuple[int, int]] = []
     holder: dict[str, Any] = {}
+    marked = threading.Event()
 
     def each_batch(df: Any, batch_id: int) -> None:
         if batch_id == 1:
             assert end_query_after_batch(spark, holder["query"])
+            marked.set()
+            time.sleep(3)
         df.count()  # the batch's own plan, then another job
         seen.append((batch_id, int(spark.range(200_000).selectExpr("sum(id)").first()[0])))
 
@@ -34,7 +39,10 @@ def test_a_marked_query_ends_after_its_batch_in_flight(spark: Any, tmp_path: Pat
               .trigger(processingTime="100 milliseconds"))
     holder["query"] = query = stream.start()
     try:
-        assert query.awaitTermination(60), f"the query did not end: {seen}"
+        assert marked.wait(60), f"batch 1 never came: {seen}"
+        assert query.awaitTermination(1) and len(seen) == 1, "Spark says the query ended while batch 1 runs"
+        assert query_thread_ended(spark, query, 60), f"the query's thread did not end: {seen}"
+        assert seen == [(0, 19_999_900_000), (1, 19_999_900_000)], seen  # batch 1 ran to its end
         time.sleep(1)  # a batch 2 would have started by now
     finally:
         query.stop()

@@ -14,7 +14,11 @@ def _stop(result: bool = True) -> tuple[StopBetweenBatches, list[str]]:
         marks.append("marked")
         return result
 
-    stop.bind(end)
+    def thread_ended(seconds: float) -> bool:
+        marks.append(f"waited {seconds} s")
+        return True
+
+    stop.bind(end, thread_ended)
     return stop, marks
 
 
@@ -59,3 +63,12 @@ def test_a_query_that_cannot_be_marked_is_left_to_stop() -> None:
     stop.batch_started()
     stop.ask()
     assert marks == ["marked"] and not stop.ended
+
+
+def test_the_end_is_waited_for_on_the_thread_once_the_query_is_marked() -> None:
+    """Spark's awaitTermination says True as soon as the query is marked, while its last batch still runs."""
+    stop, marks = _stop()
+    assert stop.ended_within(1) is None  # not marked: Spark's own answer holds
+    stop.ask()
+    stop.end_when_idle()
+    assert stop.ended_within(1) is True and marks == ["marked", "waited 1 s"]

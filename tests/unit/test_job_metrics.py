@@ -1,11 +1,12 @@
 """The job's Prometheus metrics follow Spark's query progress (no Spark needed: progress is JSON)."""
 
+import threading
 import urllib.request
 
 import pytest
 
 from glasspipe_dev.process import free_port
-from glasspipe_job.metrics import JobMetrics, offsets_behind
+from glasspipe_job.metrics import JobMetrics, ProgressListener, offsets_behind
 
 pytestmark = pytest.mark.unit
 
@@ -54,3 +55,18 @@ def test_metrics_are_served_for_prometheus() -> None:
                  "glasspipe_records_dead_lettered_total", "glasspipe_batch_duration_seconds_bucket",
                  "glasspipe_keys_in_two_partitions"):
         assert name in text
+
+
+def test_the_run_waits_for_its_queries_last_events_before_it_drops_the_listener() -> None:
+    """Spark delivers a query's end (after its last progress) to listeners later than awaitTermination returns;
+    the run waits for it, so the events neither go missing from the totals nor reach a Python already gone."""
+    listener = ProgressListener(JobMetrics("p", 0))
+    assert listener.wait_for_query_ends(0.01)  # no query started
+    listener.on_started("q1", "r1")
+    listener.on_started("q2", "r2")  # restarted in place: the first query's end may come after the second's start
+    listener.on_terminated(None)
+    assert not listener.wait_for_query_ends(0.05)
+    done = threading.Timer(0.1, listener.on_terminated, args=(None,))
+    done.start()
+    assert listener.wait_for_query_ends(5)
+    done.join()

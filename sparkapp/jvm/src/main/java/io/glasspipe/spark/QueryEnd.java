@@ -25,11 +25,31 @@ public final class QueryEnd {
    * this Spark (the caller then stops it with {@code stop()}).
    */
   public static boolean afterBatchInFlight(StreamingQuery query) {
-    StreamingQuery inner = query instanceof StreamingQueryWrapper wrapper ? wrapper.streamingQuery() : query;
-    if (!(inner instanceof StreamExecution execution)) {
+    StreamExecution execution = execution(query);
+    if (execution == null) {
       return false;
     }
     execution.state().set(TERMINATED$.MODULE$);
     return true;
+  }
+
+  /**
+   * Waits up to {@code timeoutMs} for the marked query's thread to end; whether it has. Once marked, {@code
+   * awaitTermination} and {@code isActive} answer from the mark, not from the thread, which may still be running
+   * its last batch.
+   */
+  public static boolean threadEnded(StreamingQuery query, long timeoutMs) throws InterruptedException {
+    StreamExecution execution = execution(query);
+    if (execution == null) {
+      throw new IllegalArgumentException("not a micro-batch query: " + query.name());
+    }
+    Thread thread = execution.queryExecutionThread();
+    thread.join(timeoutMs);
+    return !thread.isAlive();
+  }
+
+  private static StreamExecution execution(StreamingQuery query) {
+    StreamingQuery inner = query instanceof StreamingQueryWrapper wrapper ? wrapper.streamingQuery() : query;
+    return inner instanceof StreamExecution execution ? execution : null;
   }
 }
