@@ -1,19 +1,34 @@
-"""A stop (SIGTERM, Ctrl-C) that ends the query between micro-batches, never inside one.
+"""A stop (SIGTERM, Ctrl-C, a restart) that ends the query between micro-batches, never inside one.
 
 ``StreamingQuery.stop()`` interrupts the batch in flight: it fails in the middle of its writes (exact all the same,
 by the sink's ledger, but replayed on the next start, and noisy). Waiting for ``isTriggerActive`` to be false
 first left a race: the next trigger could start between that look and the stop, and on a busy machine batches
 run back to back, so the look rarely saw a gap at all. The query is ended instead by marking it terminated
-(jvm.end_query_after_batch): the batch in flight runs to its end and commits, and the trigger loop ends after it.
-Spark checks that mark once more just before a batch's plan runs and interrupts the batch if it is set by then, so
-the mark is set from inside the writer's call, past that check: at once if a batch is in it, else when the next
-batch enters it. A stream with no new data starts no batch: the runner then sets the mark between batches itself.
+(the ops jar's QueryEnd): the batch in flight runs to its end and commits, and the trigger loop ends after it.
+
+Spark checks that mark once more just before a batch's plan runs and interrupts the batch if it is set by then,
+so the mark is set where no batch can be between those two checks: from inside the writer's call (at once if a
+batch is in it, else when the next batch enters it), or while the query's thread sleeps until its next trigger
+(woken then, so that an idle stream stops at once rather than at its next trigger time).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from typing import Protocol
+
+
+class QueryEnding(Protocol):
+    """The ways to end one started query (jvm.QueryEnd)."""
+
+    def after_batch_in_flight(self) -> bool:
+        """Mark the query to end after its batch in flight; False if it cannot be."""
+
+    def if_waiting_for_trigger(self) -> bool:
+        """Mark and wake the query if its thread sleeps until its next trigger; False (nothing done) otherwise."""
+
+    def thread_ended(self, seconds: float) -> bool:
+        """Whether the query's thread has ended, waiting up to ``seconds``."""
 
 
 class StopBetweenBatches:
@@ -22,24 +37,15 @@ class StopBetweenBatches:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._end: Callable[[], bool] | None = None
-        self._thread_ended: Callable[[float], bool] | None = None
+        self._ending: QueryEnding | None = None
         self._asked = False
         self._in_batch = False
-        self.ended = False  # the query is marked to end after its batch in flight (its thread may still run)
+        self._marked = threading.Event()
+        self.ended = False  # the query is marked to end (its thread may still run its last batch)
 
-    def bind(self, end: Callable[[], bool], thread_ended: Callable[[float], bool]) -> None:
-        """``end`` marks the started query to end after its batch in flight (False if it cannot);
-        ``thread_ended(seconds)`` then waits that long for the query's thread to end, and says whether it has."""
+    def bind(self, ending: QueryEnding) -> None:
         with self._lock:
-            self._end, self._thread_ended = end, thread_ended
-
-    def ended_within(self, seconds: float) -> bool | None:
-        """Once the query is marked, whether its thread has ended within ``seconds`` (the mark alone makes Spark's
-        awaitTermination answer True); None before, when Spark's own answer holds."""
-        if not self.ended or self._thread_ended is None:
-            return None
-        return self._thread_ended(seconds)
+            self._ending = ending
 
     def batch_started(self) -> None:
         """The writer's call began (Spark's last check before the batch is behind it): a stop asked for ends the
@@ -60,12 +66,28 @@ class StopBetweenBatches:
             if self._in_batch:
                 self._mark()
 
-    def end_when_idle(self) -> None:
-        """No batch entered the writer's call since the stop was asked for: mark the query now. A trigger that is
-        just planning a batch then has it interrupted at its start, before any write of it."""
+    def wait_marked(self, seconds: float) -> bool:
+        """Wait up to ``seconds`` for the query to be marked; whether it is."""
+        return self._marked.wait(seconds)
+
+    def end_if_waiting_for_trigger(self) -> bool:
+        """Mark the query now if its thread sleeps until its next trigger (no batch runs, none will); whether the
+        query is marked."""
         with self._lock:
-            self._mark()
+            if not self.ended and not self._in_batch and self._ending is not None:
+                self._set_ended(self._ending.if_waiting_for_trigger())
+            return self.ended
+
+    def thread_ended(self, seconds: float) -> bool:
+        """Whether the query's thread has ended, waiting up to ``seconds``: once the query is marked, Spark's
+        awaitTermination answers True from the mark alone, while the last batch may still run."""
+        return self._ending is not None and self._ending.thread_ended(seconds)
 
     def _mark(self) -> None:
-        if not self.ended and self._end is not None:
-            self.ended = self._end()
+        if not self.ended and self._ending is not None:
+            self._set_ended(self._ending.after_batch_in_flight())
+
+    def _set_ended(self, ended: bool) -> None:
+        self.ended = ended
+        if ended:
+            self._marked.set()

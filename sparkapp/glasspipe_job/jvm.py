@@ -309,20 +309,23 @@ def arrow_batch_rdd(df: DataFrame, large_var_types: bool) -> Any:
 QUERY_END_ENTRY = "io.glasspipe.spark.QueryEnd"
 
 
-def end_query_after_batch(spark: Any, query: Any) -> bool:
-    """Marks the started ``query`` (a pyspark StreamingQuery) to end after its micro-batch in flight, interrupting
-    nothing (QueryEnd, clean_stop.py); False when the ops jar is not loaded or the query is not a micro-batch one:
-    then only its ``stop()`` ends it."""
-    cls = _loaded_class(spark, QUERY_END_ENTRY)
-    return cls is not None and bool(cls.afterBatchInFlight(query._jsq))
+class QueryEnd:
+    """The ops jar's QueryEnd for one started query (a pyspark StreamingQuery): ends it between micro-batches,
+    interrupting nothing (clean_stop.py). Without the jar nothing can be marked, and only ``stop()`` ends it."""
 
+    def __init__(self, spark: Any, query: Any) -> None:
+        self._cls = _loaded_class(spark, QUERY_END_ENTRY)
+        self._jquery = query._jsq
 
-def query_thread_ended(spark: Any, query: Any, seconds: float) -> bool:
-    """Whether the thread of a ``query`` marked by end_query_after_batch has ended, waiting up to ``seconds``:
-    once marked, ``awaitTermination`` answers True from the mark alone, while the last batch may still run."""
-    cls = _loaded_class(spark, QUERY_END_ENTRY)
-    assert cls is not None, "end_query_after_batch marked the query: the ops jar is loaded"
-    return bool(cls.threadEnded(query._jsq, max(1, round(seconds * 1000))))
+    def after_batch_in_flight(self) -> bool:
+        return self._cls is not None and bool(self._cls.afterBatchInFlight(self._jquery))
+
+    def if_waiting_for_trigger(self) -> bool:
+        return self._cls is not None and bool(self._cls.ifWaitingForTrigger(self._jquery))
+
+    def thread_ended(self, seconds: float) -> bool:
+        """Thread.join(0) would wait for ever: at least 1 ms."""
+        return self._cls is not None and bool(self._cls.threadEnded(self._jquery, max(1, round(seconds * 1000))))
 
 
 def keys_in_two_partitions(spark: Any) -> int:

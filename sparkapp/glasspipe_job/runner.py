@@ -23,7 +23,6 @@ from glasspipe.api.durations import parse_duration_ms
 from glasspipe.api.validation import table_sort_key
 from glasspipe_job import handover as ho
 from glasspipe_job.batch_writer import BatchWriter, DeadLetters
-from glasspipe_job.clean_stop import StopBetweenBatches
 from glasspipe_job.clickhouse.connection import Connection
 from glasspipe_job.clickhouse.ledger import Fence, Ledger, LedgerRow, Superseded, next_generation
 from glasspipe_job.clickhouse.mutations import MutationStuck
@@ -32,7 +31,7 @@ from glasspipe_job.clickhouse.table import ClickHouseTable
 from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.failure import explain
 from glasspipe_job.join import build_join_stream, join_sides, join_state_plan
-from glasspipe_job.jvm import end_query_after_batch, partition_dedup_counts, query_thread_ended
+from glasspipe_job.jvm import QueryEnd, partition_dedup_counts
 from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
@@ -55,7 +54,7 @@ PARTITION_CHECK_SECONDS = float(os.environ.get("GLASSPIPE_PARTITION_CHECK_SECOND
 FENCE_CHECK_SECONDS = 10.0  # an idle stale writer notices a newer layout within this time
 STOP_DRAIN_SECONDS = 20.0  # SIGTERM: wait this long for the batch in flight (Kubernetes' grace is 30 s)
 LISTENER_DRAIN_SECONDS = 5.0  # at the end of a run: wait this long for its queries' last events
-STOP_IDLE_SECONDS = 1.0  # a stop: no batch came within a trigger interval and this long, so the stream is idle
+STOP_POLL_SECONDS = 0.05  # a stop: how often to look whether the query's thread sleeps until its next trigger
 
 
 @dataclass
@@ -78,7 +77,6 @@ class RunningPipeline:
     sink: ClickHouseSink
     assignments: list[SourceAssignment]
     writer: BatchWriter | None = None
-    idle_stop_seconds: float = STOP_IDLE_SECONDS  # a stop: no batch came this long, so the stream is idle
 
     def close(self) -> None:
         for a in self.assignments:
@@ -340,11 +338,8 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     else:
         stream = stream.trigger(processingTime=f"{config.trigger_interval_ms} milliseconds")
     query = start_query(spark, stream, sorted_stream=own_state_by_key(config))
-    writer.stop_between_batches.bind(lambda: end_query_after_batch(spark, query),
-                                     lambda seconds: query_thread_ended(spark, query, seconds))
-    return RunningPipeline(query, metrics, sink, assignments, writer,
-                           idle_stop_seconds=STOP_IDLE_SECONDS + (0 if available_now else
-                                                                  config.trigger_interval_ms / 1000))
+    writer.stop_between_batches.bind(QueryEnd(spark, query))
+    return RunningPipeline(query, metrics, sink, assignments, writer)
 
 
 def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
@@ -369,35 +364,26 @@ def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
         raise
 
 
-def _ended(running: RunningPipeline, gate: StopBetweenBatches | None) -> bool:
-    """Whether the query has ended, waiting up to a second; raises the error of a batch that failed. Once the query
-    is marked, Spark's awaitTermination says True at once: its thread is waited for instead."""
-    thread_ended = gate.ended_within(1) if gate is not None else None
-    if thread_ended is False:
-        return False
-    return _await(running, 1)  # at once if the thread has ended
-
-
 def _stop_between_batches(running: RunningPipeline, why: str) -> None:
     """End the query between micro-batches (clean_stop.py): after the batch in flight or, if none is in the
-    writer's call, after the next one; a stream with no new data, once no batch came for a trigger interval and
-    a second. Failing that within STOP_DRAIN_SECONDS, StreamingQuery.stop() interrupts the batch in flight (exact
-    all the same, but replayed). A batch that fails meanwhile raises its error, as it does while the job runs."""
+    writer's call, after the next one, or at once if its thread sleeps until its next trigger. Failing that within
+    STOP_DRAIN_SECONDS, StreamingQuery.stop() interrupts the batch in flight (exact all the same, but replayed). A
+    batch that fails meanwhile raises its error, as it does while the job runs."""
     log.info("stopping the query between micro-batches (%s)", why)
-    started = time.monotonic()
+    deadline = time.monotonic() + STOP_DRAIN_SECONDS
     gate = running.writer.stop_between_batches if running.writer is not None else None
     if gate is not None:
         gate.ask()
-    while not _ended(running, gate):
-        waited = time.monotonic() - started
-        if gate is not None and not gate.ended and waited >= running.idle_stop_seconds:
-            gate.end_when_idle()
-        if waited >= STOP_DRAIN_SECONDS or gate is None or (waited >= running.idle_stop_seconds and not gate.ended):
-            log.warning("the query did not end between micro-batches within %.0f s: stopping it, which interrupts "
-                        "the batch in flight (exact all the same: the next start replays it)", waited)
-            running.query.stop()
+        while not (gate.wait_marked(STOP_POLL_SECONDS) or gate.end_if_waiting_for_trigger()
+                   or gate.thread_ended(0) or time.monotonic() >= deadline):
+            pass  # a batch is being planned or committed: the next to enter the writer's call marks the query
+        if gate.thread_ended(max(0.0, deadline - time.monotonic())):
+            _await(running, 1)  # at once now; raises the error of a batch that failed
+            log.info("the query ended between micro-batches")
             return
-    log.info("the query ended between micro-batches")
+    log.warning("the query did not end between micro-batches: stopping it, which interrupts the batch in flight "
+                "(exact all the same: the next start replays it)")
+    running.query.stop()
 
 
 def _stopped(running: RunningPipeline, stop: threading.Event | None) -> bool:

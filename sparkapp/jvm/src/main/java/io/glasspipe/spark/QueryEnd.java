@@ -34,6 +34,36 @@ public final class QueryEnd {
   }
 
   /**
+   * Marks {@code query} terminated, and wakes its thread, if that thread is asleep until its next trigger: no batch
+   * runs then, and none starts after the mark. False, doing nothing, while the thread does anything else (a batch,
+   * or planning one: a mark there would have Spark interrupt that batch at its start).
+   */
+  public static boolean ifWaitingForTrigger(StreamingQuery query) {
+    StreamExecution execution = execution(query);
+    if (execution == null || !waitingForTrigger(execution.queryExecutionThread())) {
+      return false;
+    }
+    execution.state().set(TERMINATED$.MODULE$);
+    Thread thread = execution.queryExecutionThread();
+    if (waitingForTrigger(thread)) { // still asleep, so past no check since the mark: it ends when woken
+      thread.interrupt();
+    }
+    return true;
+  }
+
+  /** Whether {@code thread} is in the processing-time trigger's wait for its next trigger time. */
+  private static boolean waitingForTrigger(Thread thread) {
+    StackTraceElement[] frames = thread.getStackTrace();
+    for (int i = 0; i + 1 < frames.length; i++) {
+      if (frames[i].getMethodName().equals("waitTillTime")
+          && frames[i + 1].getClassName().endsWith(".ProcessingTimeExecutor")) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  /**
    * Waits up to {@code timeoutMs} for the marked query's thread to end; whether it has. Once marked, {@code
    * awaitTermination} and {@code isActive} answer from the mark, not from the thread, which may still be running
    * its last batch.
