@@ -40,8 +40,12 @@ class StopBetweenBatches:
         self._ending: QueryEnding | None = None
         self._asked = False
         self._in_batch = False
-        self._marked = threading.Event()
-        self.ended = False  # the query is marked to end (its thread may still run its last batch)
+        self._marked = threading.Event()  # the query is marked to end (its thread may still run its last batch)
+
+    @property
+    def ended(self) -> bool:
+        """The query is marked to end (its thread may still run its last batch)."""
+        return self._marked.is_set()
 
     def bind(self, ending: QueryEnding) -> None:
         with self._lock:
@@ -74,8 +78,9 @@ class StopBetweenBatches:
         """Mark the query now if its thread sleeps until its next trigger (no batch runs, none will); whether the
         query is marked."""
         with self._lock:
-            if not self.ended and not self._in_batch and self._ending is not None:
-                self._set_ended(self._ending.if_waiting_for_trigger())
+            if not self.ended and not self._in_batch and self._ending is not None \
+                    and self._ending.if_waiting_for_trigger():
+                self._marked.set()
             return self.ended
 
     def thread_ended(self, seconds: float) -> bool:
@@ -84,10 +89,5 @@ class StopBetweenBatches:
         return self._ending is not None and self._ending.thread_ended(seconds)
 
     def _mark(self) -> None:
-        if not self.ended and self._ending is not None:
-            self._set_ended(self._ending.after_batch_in_flight())
-
-    def _set_ended(self, ended: bool) -> None:
-        self.ended = ended
-        if ended:
+        if not self.ended and self._ending is not None and self._ending.after_batch_in_flight():
             self._marked.set()

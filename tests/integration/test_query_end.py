@@ -18,6 +18,11 @@ from glasspipe_job.jvm import QueryEnd
 pytestmark = pytest.mark.integration
 
 
+def _commits(checkpoint: Path) -> list[str]:
+    """The batches Spark's commit log holds."""
+    return sorted(p.name for p in (checkpoint / "commits").iterdir() if not p.name.startswith("."))
+
+
 def test_a_marked_query_ends_after_its_batch_in_flight(spark: Any, tmp_path: Path) -> None:
     """Batch 1 marks the query, then runs on for 3 s and runs Spark jobs: had the mark interrupted the batch (as
     stop() does), they would fail and batch 1 would not commit; had it not ended the query, batch 2 would run."""
@@ -48,7 +53,7 @@ def test_a_marked_query_ends_after_its_batch_in_flight(spark: Any, tmp_path: Pat
         query.stop()
     assert seen == [(0, 19_999_900_000), (1, 19_999_900_000)], seen
     assert query.exception() is None
-    assert sorted(p.name for p in (checkpoint / "commits").iterdir() if not p.name.startswith(".")) == ["0", "1"]
+    assert _commits(checkpoint) == ["0", "1"]
 
 
 def test_a_query_asleep_until_its_next_trigger_is_ended_at_once(spark: Any, tmp_path: Path) -> None:
@@ -86,5 +91,4 @@ def test_a_query_asleep_until_its_next_trigger_is_ended_at_once(spark: Any, tmp_
     # batch 0, and batch 1 too when batch 0 ended past a 30 s boundary of the clock (Spark's trigger times)
     assert seen in ([0], [0, 1]) and during_batch == [False] * len(seen), (seen, during_batch)
     assert query.exception() is None
-    assert sorted(p.name for p in (checkpoint / "commits").iterdir() if not p.name.startswith(".")) == \
-        [str(b) for b in seen]
+    assert _commits(checkpoint) == [str(b) for b in seen]

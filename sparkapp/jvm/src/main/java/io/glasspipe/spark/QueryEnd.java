@@ -40,11 +40,11 @@ public final class QueryEnd {
    */
   public static boolean ifWaitingForTrigger(StreamingQuery query) {
     StreamExecution execution = execution(query);
-    if (execution == null || !waitingForTrigger(execution.queryExecutionThread())) {
+    Thread thread = execution == null ? null : execution.queryExecutionThread();
+    if (thread == null || !waitingForTrigger(thread)) {
       return false;
     }
     execution.state().set(TERMINATED$.MODULE$);
-    Thread thread = execution.queryExecutionThread();
     if (waitingForTrigger(thread)) { // still asleep, so past no check since the mark: it ends when woken
       thread.interrupt();
     }
