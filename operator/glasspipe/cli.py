@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,9 @@ from glasspipe.api.crd import render_crd_reference, render_crd_yaml
 from glasspipe.api.validation import SpecInvalid, validate_resource
 from glasspipe.contract import DEFAULT_SPARK_IMAGE
 from glasspipe.render import render_spark_applications
+
+# Entry points of this group add a subcommand: each is a function given the CLI's subparsers (pyproject.toml).
+COMMANDS_GROUP = "glasspipe.commands"
 
 
 class _PlainDumper(yaml.SafeDumper):
@@ -87,18 +92,24 @@ def cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    try:
-        from glasspipe_job.local import run_local  # imports pyspark: only this command needs it
-    except ImportError as e:
-        print(f"glasspipe run needs the Spark extra: pip install 'glasspipe[spark]' ({e})", file=sys.stderr)
+def add_plugged_commands(commands: Any) -> None:
+    """The commands other packages plug in (entry points of group ``glasspipe.commands``): ``run`` comes from the
+    job (glasspipe_job.local), which the operator never imports. One that cannot load still appears, and says why
+    in one line when run, instead of the whole CLI failing."""
+    for entry in sorted(entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            entry.load()(commands)
+        except Exception as e:  # a broken plug-in must not take validate/render/crd with it
+            p = commands.add_parser(entry.name, help=f"unavailable here: {e}")
+            p.add_argument("args", nargs=argparse.REMAINDER)  # whatever was given: the one line says why
+            p.set_defaults(func=_unavailable(entry.name, e))
+
+
+def _unavailable(name: str, error: Exception) -> Callable[[argparse.Namespace], int]:
+    def cmd(_: argparse.Namespace) -> int:
+        print(f"glasspipe {name} is unavailable here: {error}", file=sys.stderr)
         return 2
-    try:
-        return run_local(args)
-    except KeyboardInterrupt:  # a second Ctrl-C (the first stops between micro-batches)
-        print("glasspipe run: stopped at once; the next run writes the micro-batch in flight again, exactly once",
-              file=sys.stderr)
-        return 130
+    return cmd
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -116,18 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("crd", help="print the GlassPipeline CustomResourceDefinition")
     p.add_argument("--reference", action="store_true", help="print the Markdown field reference instead")
     p.set_defaults(func=cmd_crd)
-    p = sub.add_parser("run", help="run a pipeline in local Spark (development)")
-    p.add_argument("file")
-    p.add_argument("--bootstrap-servers", help="override every Kafka bootstrapServers")
-    p.add_argument("--clickhouse", help="override sink hosts with host:port")
-    p.add_argument("--checkpoint", help="override checkpoint.location with a local folder")
-    p.add_argument("--replica", type=int, default=0)
-    p.add_argument("--replicas", type=int, help="override spec.replicas")
-    p.add_argument("--available-now", action="store_true", help="process what is in the topics, then stop")
-    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: none)")
-    p.add_argument("--secrets-dir", help="folder with the Secrets the spec references, as DIR/<secret>/<key> files "
-                   "(what a pod gets from the kubelet); see docs/security.md")
-    p.set_defaults(func=cmd_run)
+    add_plugged_commands(sub)
     return parser
 
 

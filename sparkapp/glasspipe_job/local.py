@@ -1,4 +1,8 @@
-"""``glasspipe run FILE``: the same job in local Spark, for development and the README demo."""
+"""``glasspipe run FILE``: the same job in local Spark, for development and the README demo.
+
+The job plugs this command into the ``glasspipe`` CLI through the ``glasspipe.commands`` entry points
+(pyproject.toml), so that the operator's CLI never imports the job: the job depends on the operator's API, not
+the other way round. Only running it needs pyspark (the ``spark`` extra)."""
 
 from __future__ import annotations
 
@@ -36,6 +40,35 @@ def stop_on_ctrl_c(stop: threading.Event) -> None:
     stop.set()
     print("glasspipe run: stopping after the micro-batch in flight (Ctrl-C again to stop now)", file=sys.stderr,
           flush=True)
+
+
+def add_run_command(commands: Any) -> None:
+    """The ``run`` subcommand and its options, added to the CLI's subparsers (an ``argparse`` subparsers action)."""
+    p = commands.add_parser("run", help="run a pipeline in local Spark (development)")
+    p.add_argument("file")
+    p.add_argument("--bootstrap-servers", help="override every Kafka bootstrapServers")
+    p.add_argument("--clickhouse", help="override sink hosts with host:port")
+    p.add_argument("--checkpoint", help="override checkpoint.location with a local folder")
+    p.add_argument("--replica", type=int, default=0)
+    p.add_argument("--replicas", type=int, help="override spec.replicas")
+    p.add_argument("--available-now", action="store_true", help="process what is in the topics, then stop")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus port (0: none)")
+    p.add_argument("--secrets-dir", help="folder with the Secrets the spec references, as DIR/<secret>/<key> files "
+                   "(what a pod gets from the kubelet); see docs/security.md")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """``glasspipe run``: the exit code; one line, not a traceback, when pyspark is missing or on a second Ctrl-C."""
+    try:
+        return run_local(args)
+    except ImportError as e:
+        print(f"glasspipe run needs the Spark extra: pip install 'glasspipe[spark]' ({e})", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # a second Ctrl-C (the first stops between micro-batches)
+        print("glasspipe run: stopped at once; the next run writes the micro-batch in flight again, exactly once",
+              file=sys.stderr)
+        return 130
 
 
 def run_local(args: argparse.Namespace) -> int:

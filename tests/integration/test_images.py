@@ -81,6 +81,17 @@ def test_operator_image_validates_every_example_inside_it(operator_image: Image)
     assert broken.returncode == 1 and "window" in broken.stderr, broken
 
 
+def test_operator_image_says_in_one_line_that_glasspipe_run_needs_the_spark_extra(operator_image: Image) -> None:
+    """``run`` is the job's command, plugged into the CLI by an entry point: the operator image has the job's code
+    but not pyspark, so the command is listed and says what is missing instead of a traceback."""
+    listed = operator_image.run("--help", entrypoint="glasspipe").stdout
+    assert "{validate,render,crd,run}" in listed, listed
+    done = operator_image.run("run", "/opt/glasspipe/examples/sms-dedup.yaml", entrypoint="glasspipe", check=False)
+    assert done.returncode == 2, done
+    assert done.stderr.startswith("glasspipe run needs the Spark extra: pip install 'glasspipe[spark]'"), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+
+
 def test_operator_image_reconciles_an_example_as_the_chart_runs_it(
     operator_image: Image, kube: KubeAPIServer, tmp_path: Path
 ) -> None:
