@@ -15,6 +15,7 @@ batch is in it, else when the next batch enters it), or while the query's thread
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Protocol
 
 
@@ -78,9 +79,8 @@ class StopBetweenBatches:
         """Mark the query now if its thread sleeps until its next trigger (no batch runs, none will); whether the
         query is marked."""
         with self._lock:
-            if not self.ended and not self._in_batch and self._ending is not None \
-                    and self._ending.if_waiting_for_trigger():
-                self._marked.set()
+            if not self._in_batch:
+                self._mark(lambda ending: ending.if_waiting_for_trigger())
             return self.ended
 
     def thread_ended(self, seconds: float) -> bool:
@@ -88,6 +88,7 @@ class StopBetweenBatches:
         awaitTermination answers True from the mark alone, while the last batch may still run."""
         return self._ending is not None and self._ending.thread_ended(seconds)
 
-    def _mark(self) -> None:
-        if not self.ended and self._ending is not None and self._ending.after_batch_in_flight():
+    def _mark(self, how: Callable[[QueryEnding], bool] = lambda ending: ending.after_batch_in_flight()) -> None:
+        """Mark the query ``how`` says (after its batch in flight by default), once; under the lock."""
+        if not self.ended and self._ending is not None and how(self._ending):
             self._marked.set()
