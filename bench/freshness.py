@@ -11,11 +11,13 @@ within milliseconds). Figures printed before 2026-11-24 23:45 UTC used the ``Dat
 whole seconds, and so read each latency too long by the dropped fraction of a second (0.5 s on average).
 Prints, per rate: events offered, rows landed, p50 / p95 / p99 / max latency, whether the pipeline kept up
 (every first occurrence landed, exactly once), and the CPU of the pipeline, Kafka, ClickHouse and this
-process (producer and poller) while offering, in cores.
+process (producer and poller) while offering, in cores. ``--variant join`` runs issue 15's join scenario instead,
+examples/orders-users-join.yaml on matched pairs (bench/join_stream.py): its rates and CPU are a matched pair's.
 
     python bench/freshness.py --rates 1000,10000 --seconds 60
     python bench/freshness.py --rates 5000 --window 8h --max-rows 5000 --trigger 10s   # the peer's load-test shape
     python bench/freshness.py --variant partition-probe --rates 50000 --window 8h --warmup 60 --warmup-rate 0
+    python bench/freshness.py --variant join --rates 1000,10000 --trigger 250ms   # pairs/s, the 1 h join window
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exact_check import check_every_event, check_exact
 from freshness_runs import EXAMPLE_WINDOW
 from job_log import JobLog
+from join_stream import EXAMPLE_JOIN_WINDOW, RECORDS_A_PAIR, PairWorkload, check_joined, join_pipeline_file, users_topic
 from profile_summary import STACK_DEPTH
 from summary_stats import percentile
 from thread_cpu import CpuWindow, descendants
@@ -148,7 +151,9 @@ VARIANTS = {"dedup": "glasspipe, the sms-dedup pipeline",
                                "deduplication operator (state per Kafka partition, by time; a probe, not durable)",
             "dedup-partition": "glasspipe, the sms-dedup pipeline with deduplication.perKafkaPartition (the "
                                "topic is partitioned by the key)",
-            "dedup-own": "glasspipe, the sms-dedup pipeline with deduplication.ownState (any topic)"}
+            "dedup-own": "glasspipe, the sms-dedup pipeline with deduplication.ownState (any topic)",
+            "join": "glasspipe, the orders-users inner join (bench/join_stream.py; rates and CPU a matched pair: two "
+                    "Kafka records, one row)"}
 # exact: each first occurrence once (else every event)
 DEDUPLICATING = {"dedup", "dedup-partition", "dedup-own", "partition-probe"}
 
@@ -177,23 +182,35 @@ def by_minute(sent: list[float], latencies: list[float]) -> dict[int, tuple[floa
     return {m: (percentile(v, 0.5), percentile(v, 0.95), percentile(v, 0.99)) for m, v in sorted(groups.items())}
 
 
-def wait_for_rows(poller: Poller, rows: int, job: ServerProcess, timeout: float, when: str) -> None:
-    """Until the poller has seen ``rows`` first occurrences or ``timeout`` seconds passed. A job that exits with rows
-    still missing stops the run (``when`` says at which wait); one that exits after they all landed does not."""
+def wait_for_rows(poller: Poller, rows: int, jobs: list[ServerProcess], timeout: float, when: str) -> None:
+    """Until the poller has seen ``rows`` first occurrences or ``timeout`` seconds passed. A job (a replica) that exits
+    with rows still missing stops the run (``when`` says at which wait); one that exits after they all landed does
+    not."""
     deadline = time.monotonic() + timeout
-    while poller.rows < rows and time.monotonic() < deadline and job.alive():
+    while poller.rows < rows and time.monotonic() < deadline and all(job.alive() for job in jobs):
         time.sleep(0.2)
     if poller.rows < rows:
-        require_alive(job, poller, when)
+        require_alive(jobs, poller, when)
 
 
-def require_alive(job: ServerProcess, poller: Poller, when: str) -> None:
-    """Stop the run with the job's own error when it has exited: its log goes with the run's scratch folder. The
+def require_alive(jobs: list[ServerProcess], poller: Poller, when: str) -> None:
+    """Stop the run with a job's own error when it has exited: its log goes with the run's scratch folder. The
     poller stops first, so that it does not poll a ClickHouse being shut down."""
-    if not job.alive():
-        poller.stop.set()
-        poller.join()
-        raise SystemExit(f"the pipeline exited {when}; the end of its log {job.log_path}:\n{job.log_tail()}")
+    for job in jobs:
+        if not job.alive():
+            poller.stop.set()
+            poller.join()
+            raise SystemExit(f"the pipeline exited {when}; the end of its log {job.log_path}:\n{job.log_tail()}")
+
+
+def replica_args(replica: int, replicas: int) -> tuple[str, ...]:
+    """``glasspipe run``'s arguments for one replica of ``replicas`` (none for a single one)."""
+    return ("--replica", str(replica), "--replicas", str(replicas)) if replicas > 1 else ()
+
+
+def replica_log(tmp: Path, table: str, replica: int) -> Path:
+    """Replica 0's log is the run's job log (its batches' phases are the ones printed)."""
+    return tmp / (f"{table}.log" if replica == 0 else f"{table}-{replica}.log")
 
 
 def trend(sent: list[float], latencies: list[float]) -> tuple[float, float]:
@@ -234,59 +251,72 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             window: str | None = None, jfr: Path | None = None, settle: float = 0.0,
             code: Path | None = None, poll: float = POLL_S, linger_ms: int = LINGER_MS,
             max_offsets: int | None = None, scattered_keys: bool = False, variant: str = "dedup",
-            keep_log: Path | None = None) -> dict[str, Any]:
+            keep_log: Path | None = None, replicas: int = 1) -> dict[str, Any]:
     suffix = uuid.uuid4().hex[:6]
     topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
+    if variant == "join":  # ``topic`` has the orders
+        kafka.create_topic(users_topic(topic), 4)
+        window = window or EXAMPLE_JOIN_WINDOW
     if variant == "plain":
-        job = start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")
+        jobs = [start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")]
     else:
-        path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
-                             dedup=variant in DEDUPLICATING, per_kafka_partition=variant == "dedup-partition",
-                             own_state=variant == "dedup-own")
+        path = join_pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window) if variant == "join" \
+            else pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
+                               dedup=variant in DEDUPLICATING, per_kafka_partition=variant == "dedup-partition",
+                               own_state=variant == "dedup-own")
         env = {"SPARK_SUBMIT_OPTS": jfr_driver_options(tmp / f"jfr-start-{suffix}.jfr")} if jfr is not None else {}
         if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
             env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))
         # the probe: the same command line, through bench/partition_probe_run.py
         launcher = (sys.executable, str(Path(__file__).with_name("partition_probe_run.py"))) \
             if variant == "partition-probe" else CLI
-        job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
-                               tmp / f"{table}.log", env=env or None, launcher=launcher)
+        jobs = [start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
+                                 replica_log(tmp, table, i), *replica_args(i, replicas), env=env or None,
+                                 launcher=launcher) for i in range(replicas)]
     try:
-        workload = Workload(seed=int(rate), scattered_keys=scattered_keys)
+        workload = PairWorkload(topic) if variant == "join" else Workload(seed=int(rate), scattered_keys=scattered_keys)
+        # the rates are events/s, or for the join matched pairs/s, each two Kafka records: records/s
+        per = RECORDS_A_PAIR if variant == "join" else 1
+        offer, warm_offer = rate * per, warmup_rate * per
         # Spark starts and runs its first batches; at a high warm-up rate the JIT compiles the hot paths too
-        warm = produce_plan(kafka.bootstrap, topic, workload.plan(int(warmup_rate * warmup), warmup_rate),
-                            warmup_rate)
+        warm = produce_plan(kafka.bootstrap, topic, workload.plan(int(warm_offer * warmup), warm_offer), warm_offer)
         # made while the pipeline drains the warm-up; its first ``settle`` seconds are offered but not measured: the
         # pipeline runs micro-batches of the measured size for a while before its latency counts
-        plan = workload.plan(int(rate * (settle + seconds)), rate)
+        plan = workload.plan(int(offer * (settle + seconds)), offer)
         poller = Poller(ch, table, poll)
         poller.start()
-        wait_for_rows(poller, workload.firsts - (len(plan) - plan.repeats), job, math.inf,
+        wait_for_rows(poller, workload.firsts - (len(plan) - plan.repeats), jobs, math.inf,
                       "before the warm-up's rows landed")
         first_batch = JobLog.read(tmp / f"{table}.log").last_batch() + 1
-        pipeline = job.proc.pid if job.proc else None
-        with CpuWindow({"pipeline": pipeline, "Kafka": kafka.pid, "ClickHouse": ch.pid}, by_thread="pipeline") as win:
+        pids = [job.proc.pid if job.proc else None for job in jobs]
+        pipeline = pids[0]
+        others = {f"replica {i}": pid for i, pid in enumerate(pids) if i}
+        with CpuWindow({"pipeline": pipeline, **others, "Kafka": kafka.pid, "ClickHouse": ch.pid},
+                       by_thread="pipeline") as win:
             if jfr is not None:
                 recording = jfr.with_name(f"{jfr.stem}-{int(rate)}{jfr.suffix or '.jfr'}")
                 _jcmd(pipeline, "JFR.start", "name=gp-fresh", "settings=profile", f"filename={recording}")
             began = time.time() + settle  # rows sent from here on are measured
             poller_cpu = poller.cpu
-            got = produce_plan(kafka.bootstrap, topic, plan, rate, linger_ms)
+            got = produce_plan(kafka.bootstrap, topic, plan, offer, linger_ms)
             poller_cpu = poller.cpu - poller_cpu
             if jfr is not None:
                 _jcmd(pipeline, "JFR.stop", "name=gp-fresh")
                 print(f"  JFR of the measured window: {recording}", flush=True)
         cpu = {**win.trees, "bench (producer, poller)": got["cpu"], "of which the poller": poller_cpu}
-        by_thread = win.threads
+        cpu["pipeline"] += sum(cpu.pop(name) for name in others)  # every replica's
+        by_thread = win.threads  # replica 0's
         produced_at = time.monotonic()
-        wait_for_rows(poller, workload.firsts, job, 120, "before the measured rows landed")
+        wait_for_rows(poller, workload.firsts, jobs, 120, "before the measured rows landed")
         drained = time.monotonic() - produced_at
         poller.stop.set()
         poller.join()
         lat, sent = poller.values(since=began)
-        if variant in DEDUPLICATING:
+        if variant == "join":
+            exact, checked = check_joined(ch, table, workload.firsts)
+        elif variant in DEDUPLICATING:
             exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts,
                                                                      window or EXAMPLE_WINDOW)
             checked = (f"{rows} rows, {distinct} keys, {workload.firsts} first occurrences, {reopened} repeats a "
@@ -300,10 +330,12 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         job_log = JobLog.read(tmp / f"{table}.log")
         phases = job_log.phases(first_batch)
         batches = phases.pop("batches", 0)
-        print(f"{VARIANTS[variant]}: offered {got['rate']:8.0f} ev/s for {got['seconds']:.0f} s "
-              f"({got['events']:.0f} events, "
-              f"{got['repeats']:.0f} repeats; {'scattered' if scattered_keys else 'ordered'} keys; "
-              f"trigger {trigger}; producer linger {linger_ms} ms; "
+        offered = (f"{got['rate'] / per:8.0f} pairs/s for {got['seconds']:.0f} s ({got['events']:.0f} records; "
+                   f"join window {window}" if variant == "join" else
+                   f"{got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
+                   f"{got['repeats']:.0f} repeats; {'scattered' if scattered_keys else 'ordered'} keys")
+        shape = f", {replicas} replicas" if replicas > 1 else ""
+        print(f"{VARIANTS[variant]}{shape}: offered {offered}; trigger {trigger}; producer linger {linger_ms} ms; "
               f"the last {seconds:.0f} s measured): landed {len(lat)} rows; "
               f"latency (polled every {poll * 1000:.0f} ms) "
               f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
@@ -319,8 +351,9 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         print(f"  median latency of the first fifth {early:.2f} s, of the last fifth {late:.2f} s; {landed}",
               flush=True)
         print("  CPU while offering, in cores: " + ", ".join(f"{k} {v / got['seconds']:.2f}" for k, v in cpu.items())
-              + f"; the pipeline {cpu['pipeline'] / max(got['events'], 1) * 1e6:.0f} CPU-us per event", flush=True)
-        print("  the pipeline's CPU by kind of thread, in cores: " + ", ".join(
+              + f"; the pipeline {cpu['pipeline'] / max(got['events'] / per, 1) * 1e6:.0f} CPU-us per "
+              + ("pair" if variant == "join" else "event"), flush=True)
+        print(f"  {'replica 0' if replicas > 1 else 'the pipeline'}'s CPU by kind of thread, in cores: " + ", ".join(
             f"{g.split(' (')[0]} {v / got['seconds']:.2f}" for g, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
             if v / got["seconds"] >= 0.01), flush=True)
         if batches:
@@ -330,8 +363,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         if fifths:
             print("  by fifth of those batches, median ms of the trigger / foreachBatch / its Spark job: " + "; ".join(
                 f"{t:.0f} / {f:.0f} / {j:.0f}" for t, f, j in fifths), flush=True)
-        return {"variant": variant, "offered": got["rate"], "seconds": got["seconds"], "warmup_rate": warmup_rate,
-                "settle": settle,
+        return {"variant": variant, "replicas": replicas, "offered": got["rate"] / per, "seconds": got["seconds"],
+                "warmup_rate": warmup_rate, "settle": settle,
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
                 "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
                 "scattered_keys": scattered_keys,
@@ -343,21 +376,25 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
                 "pipeline_cores_by_thread": {k: v / got["seconds"] for k, v in by_thread.items()}}
     finally:
-        job.stop(timeout=60)
-        if keep_log is not None and (tmp / f"{table}.log").exists():
-            keep_log.mkdir(parents=True, exist_ok=True)
-            shutil.copy(tmp / f"{table}.log", keep_log / f"{variant}-{int(rate)}-{table}.log")
+        for job in jobs:
+            job.stop(timeout=60)
+        for log in (replica_log(tmp, table, i) for i in range(len(jobs))):
+            if keep_log is not None and log.exists():
+                keep_log.mkdir(parents=True, exist_ok=True)
+                shutil.copy(log, keep_log / f"{variant}-{int(rate)}-{log.name}")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rates", default="1000,10000", help="offered events/s, comma-separated")
+    p.add_argument("--rates", default="1000,10000", help="offered events/s (the join: matched pairs/s), "
+                   "comma-separated")
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
     p.add_argument("--max-rows", type=int, default=100_000, help="batching.maxRows (rows per ClickHouse INSERT)")
     p.add_argument("--max-offsets", type=int, help="kafka.maxOffsetsPerTrigger (records per micro-batch; default: "
                    "derived from the driver's heap, as a pipeline without the field)")
-    p.add_argument("--window", help="deduplication.window (default: the example's 5m); the peer's load test: 8h")
+    p.add_argument("--window", help="deduplication.window (default: the example's 5m); the peer's load test: 8h; "
+                   "the join: join.window (default: the example's 1h, issue 15's)")
     p.add_argument("--warmup", type=float, default=20, help="seconds of a warm-up stream before measuring")
     p.add_argument("--warmup-rate", type=float, default=50,
                    help="events/s of the warm-up stream; 0: the measured rate (a warmed-up JVM, as in a "
@@ -383,11 +420,16 @@ def main() -> None:
                    help="keys scattered over the key space (16 hex digits, as random ids are) instead of made in "
                    "order, each after the last: the state's RocksDB writes and reads lose their locality")
     p.add_argument("--keep-logs", type=Path, help="copy each run's job log into this directory")
+    p.add_argument("--replicas", type=int, default=1,
+                   help="run the pipeline as this many replicas (glasspipe run --replica i --replicas N, a driver "
+                   "each, all on this machine's cores; the topics have 4 partitions); CPU is all of theirs")
     p.add_argument("--variant", choices=sorted(VARIANTS), default="dedup",
                    help="; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     args = p.parse_args()
     if args.variant == "plain" and (args.jfr or args.code or args.spark_conf):
         p.error("--jfr, --code and --spark-conf are for the pipeline's JVM: not with --variant plain")
+    if args.replicas < 1 or (args.replicas > 1 and args.variant in ("plain", "partition-probe")):
+        p.error("--replicas takes 1 or more, and more than 1 is for glasspipe's own variants")
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):
@@ -396,7 +438,7 @@ def main() -> None:
                           spark_conf, max_rows=args.max_rows, window=args.window, jfr=args.jfr, settle=args.settle,
                           code=args.code.resolve() if args.code else None, poll=args.poll,
                           linger_ms=args.linger_ms, max_offsets=args.max_offsets,
-                          scattered_keys=args.scattered_keys, variant=args.variant,
+                          scattered_keys=args.scattered_keys, variant=args.variant, replicas=args.replicas,
                           keep_log=args.keep_logs)
             if args.json:
                 with args.json.open("a") as out:

@@ -30,10 +30,17 @@ def settings(run: dict[str, Any]) -> str:
     return f"{window_of(run)}, {run['trigger']}, {spaced(run['max_rows'])} rows"
 
 
+def variant_cell(run: dict[str, Any]) -> str:
+    """The variant, what its rates count (the join's: matched pairs) and its replicas, if more than one."""
+    cell = "join (a matched pair: 2 records)" if run["variant"] == "join" else run["variant"]
+    replicas = run.get("replicas", 1)
+    return f"{cell}, {replicas} replicas" if replicas > 1 else cell
+
+
 def row(run: dict[str, Any]) -> str:
     servers = cpu_us_per_event(run, "Kafka") + cpu_us_per_event(run, "ClickHouse")
     cells = [
-        run["variant"],
+        variant_cell(run),
         settings(run),
         spaced(run["offered"]),
         "yes" if kept_up(run) else "**no**",

@@ -39,11 +39,14 @@ def sent_at(now: float) -> bytes:
 
 @dataclass
 class Plan:
-    """A stream's events made ahead of time: ``heads[i] + sent_at(t) + TAIL`` is event i sent at ``t``."""
+    """A stream's events made ahead of time: ``heads[i] + sent_at(t) + TAIL`` is event i sent at ``t``, to
+    ``topics[i]`` (bench/join_stream.py's pairs) or else to the one topic ``produce_plan`` is given. ``repeats``:
+    the events that land no row of their own (a key's repeat; a pair's user event)."""
 
     keys: list[bytes]
     heads: list[bytes]
     repeats: int
+    topics: list[str] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -139,6 +142,7 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float,
     producer, which the latencies measured from ``sent_at`` include."""
     producer = _producer(bootstrap, linger_ms)
     keys, heads, n = plan.keys, plan.heads, len(plan)
+    topics = plan.topics or [topic] * n
     cpu0 = time.process_time()
     start = time.monotonic()
     sent = 0
@@ -147,7 +151,7 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float,
         if due > sent:
             tail = sent_at(time.time()) + TAIL
             for i in range(sent, due):
-                _send(producer, topic, heads[i] + tail, keys[i])
+                _send(producer, topics[i], heads[i] + tail, keys[i])
             sent = due
         producer.poll(0)
         time.sleep(0.005)
