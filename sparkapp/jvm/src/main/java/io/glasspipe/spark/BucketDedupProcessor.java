@@ -51,10 +51,10 @@ public final class BucketDedupProcessor extends StatefulProcessor<Row, Row, Row>
 
   /**
    * The timer grid of a join's side: half a window, as the join's own ({@link BucketJoinProcessor}). A key is read
-   * about twice and kept up to half a window past it. A join's side has no {@code ownState}, and there the timers'
-   * reads cost a tenth of the pairs once keys leave (docs/benchmarks-journal.md, "A join whose sides are deduplicated
-   * first"). Only the timers' times change, not the state: a timer set on the other grid fires and the next is set
-   * on this one.
+   * about twice and kept up to half a window past it: on a join's side the timers' reads cost a tenth of the pairs
+   * once keys leave (docs/benchmarks-journal.md, "A join whose sides are deduplicated first"), and a side that minds
+   * them has {@code ownState}, without timers, as a single source has. Only the timers' times change, not the state:
+   * a timer set on the other grid fires and the next is set on this one.
    */
   static final int JOIN_SIDE_GRID_PARTS = 2;
 
