@@ -428,6 +428,8 @@ def main() -> None:
     args = p.parse_args()
     if args.variant == "plain" and (args.jfr or args.code or args.spark_conf):
         p.error("--jfr, --code and --spark-conf are for the pipeline's JVM: not with --variant plain")
+    if args.variant == "join" and (args.scattered_keys or args.max_offsets is not None):
+        p.error("--scattered-keys and --max-offsets shape the SMS stream's pipeline: not with --variant join")
     if args.replicas < 1 or (args.replicas > 1 and args.variant in ("plain", "partition-probe")):
         p.error("--replicas takes 1 or more, and more than 1 is for glasspipe's own variants")
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
