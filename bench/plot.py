@@ -1,7 +1,8 @@
 """PNG plots of the figures bench/freshness.py appends to a JSON-lines file (``--json``): delivered rate and
 latency percentiles against offered rate; with ``--by-variant``, each variant's sustained rate and its latency
-percentiles at 1 000/s, 10 000/s and that rate. Needs matplotlib, which the job and
-the tests do not: ``pip install matplotlib`` (or ``pip install -e '.[bench]'``).
+percentiles at 1 000/s, 10 000/s and that rate (a variant with ``--replicas`` N is its own bar; the join's rates
+are matched pairs). Needs matplotlib, which the job and the tests do not: ``pip install matplotlib`` (or
+``pip install -e '.[bench]'``).
 
     python bench/freshness.py --rates 1000,5000,10000 --json /tmp/fresh.jsonl
     python bench/plot.py /tmp/fresh.jsonl --out docs/img
@@ -33,9 +34,11 @@ def series_name(r: dict[str, Any]) -> str:
         return f"no dedup, {r.get('trigger', '1s')} trigger, {warm}"
     what = {"partition-probe": "dedup per Kafka partition (probe)", "dedup-own": "dedup, ownState",
             "statestore-probe": "dedup per Kafka partition (probe, Spark's state store; 8366640)",
-            "dedup-partition": "dedup, perKafkaPartition"}.get(variant, "dedup")
+            "dedup-partition": "dedup, perKafkaPartition",
+            "join": "join (rates in matched pairs)"}.get(variant, "dedup")
     keys = ", keys scattered" if r.get("scattered_keys") else ""
-    return f"{what}, {r.get('trigger', '1s')} trigger, {window_of(r)} window{keys}, {warm}"
+    replicas = f", {r['replicas']} replicas" if r.get("replicas", 1) > 1 else ""
+    return f"{what}{replicas}, {r.get('trigger', '1s')} trigger, {window_of(r)} window{keys}, {warm}"
 
 
 def below(ax: Any, size: int) -> None:
@@ -51,9 +54,10 @@ def thousands(ax: Any) -> None:
 
 
 VARIANTS = {"plain": "plain loop", "nodedup": "pipeline,\nno dedup", "dedup-partition": "dedup per\nKafka partition",
-            "dedup-own": "dedup in\nown state", "dedup": "dedup, default\nengine"}
+            "dedup-own": "dedup in\nown state", "dedup": "dedup, default\nengine",
+            "join": "join orders +\nusers (pairs/s)"}
 SHORT = {"plain": "plain\nloop", "nodedup": "no\ndedup", "dedup-partition": "per\npartition", "dedup-own": "own\nstate",
-         "dedup": "default\nengine"}
+         "dedup": "default\nengine", "join": "join\n(pairs)"}
 TARGET_RATE = 10_000  # the issue's latency targets are set at this offered rate
 
 
@@ -85,9 +89,9 @@ def plot_vs_offered(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     fig.savefig(out / f"throughput-vs-offered{tag}.png", dpi=100, bbox_inches="tight")
 
     fig, ax = plt.subplots(figsize=(6, 4.5))
-    for name, rs in series.items():
-        for q, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):
-            ax.plot([r["offered"] for r in rs], [r[q] for r in rs], style, label=f"{q}, {name}")
+    for i, (name, rs) in enumerate(series.items()):
+        for q, style in (("p50", "o-"), ("p95", "s--"), ("p99", "^:")):  # a colour a series, a style a percentile
+            ax.plot([r["offered"] for r in rs], [r[q] for r in rs], style, color=f"C{i}", label=f"{q}, {name}")
     ax.set_xlabel("offered events/s")
     thousands(ax)
     ax.set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
@@ -101,14 +105,34 @@ def plot_vs_offered(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     return [out / f"throughput-vs-offered{tag}.png", out / f"latency-vs-offered{tag}.png"]
 
 
-def sustained_runs(runs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each variant's run at the highest offered rate that kept up (freshness_runs.kept_up), in VARIANTS' order."""
-    best: dict[str, dict[str, Any]] = {}
+Scenario = tuple[str, int]  # a variant (bench/freshness.py --variant) and its replicas (--replicas)
+
+
+def scenario_of(r: dict[str, Any]) -> Scenario:
+    return r.get("variant", "dedup"), int(r.get("replicas", 1))
+
+
+def scenario_label(s: Scenario, labels: dict[str, str]) -> str:
+    """VARIANTS' or SHORT's name of the variant, and its replicas where more than one (SHORT's: "x2")."""
+    variant, replicas = s
+    if replicas == 1:
+        return labels[variant]
+    return labels[variant] + (f", {replicas} replicas" if labels is VARIANTS else f"\nx{replicas}")
+
+
+def scenario_order(s: Scenario) -> tuple[int, int]:
+    return list(VARIANTS).index(s[0]), s[1]
+
+
+def sustained_runs(runs: list[dict[str, Any]]) -> dict[Scenario, dict[str, Any]]:
+    """Each scenario's run at the highest offered rate that kept up (freshness_runs.kept_up), in VARIANTS' order
+    and then by replicas."""
+    best: dict[Scenario, dict[str, Any]] = {}
     for r in runs:
-        v = r.get("variant", "dedup")
-        if v in VARIANTS and kept_up(r) and (v not in best or r["offered"] > best[v]["offered"]):
-            best[v] = r
-    return {v: best[v] for v in VARIANTS if v in best}
+        s = scenario_of(r)
+        if s[0] in VARIANTS and kept_up(r) and (s not in best or r["offered"] > best[s]["offered"]):
+            best[s] = r
+    return {s: best[s] for s in sorted(best, key=scenario_order)}
 
 
 def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
@@ -118,15 +142,18 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     if not best:
         print("no run kept up: nothing to draw by variant", file=sys.stderr)
         return []
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [VARIANTS[v] for v in best]
+    fig, ax = plt.subplots(figsize=(7, max(4.0, 0.5 * len(best) + 0.5)))
+    names = [scenario_label(s, VARIANTS) for s in best]
     ax.barh(names, [r["offered"] for r in best.values()], color="tab:blue")
     for i, r in enumerate(best.values()):
         settings = "" if r["variant"] == "plain" else f", {window_of(r)} window, {r['max_rows']:,} rows"
         cpu = cpu_us_per_event(r, "pipeline")
-        ax.text(r["offered"], i, f" {round(r['offered'], -2):,.0f}/s{settings};\n {cpu:.1f} CPU-s per M, "
+        unit = " pairs/s" if r["variant"] == "join" else "/s"
+        ax.text(r["offered"], i, f" {round(r['offered'], -2):,.0f}{unit}{settings};\n {cpu:.1f} CPU-s per M, "
                 f"p99 {r['p99']:.2f} s", va="center", fontsize=7)
-    ax.axvline(50_000, color="grey", linestyle="--", linewidth=0.8, label="target: 50,000 ev/s")
+    ax.axvline(50_000, color="grey", linestyle="--", linewidth=0.8, label="target: 50,000 ev/s (dedup)")
+    if any(s[0] == "join" for s in best):
+        ax.axvline(20_000, color="grey", linestyle=":", linewidth=0.8, label="target: 20,000 pairs/s (join)")
     ax.invert_yaxis()
     ax.set_xlim(0, max(r["offered"] for r in best.values()) * 1.7)
     thousands(ax)
@@ -136,17 +163,18 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     ax.grid(alpha=0.3, axis="x")
     fig.savefig(out / f"sustained-by-variant{tag}.png", dpi=100, bbox_inches="tight")
 
-    panels = [(f"{rate:,}/s offered", {r.get("variant", "dedup"): r for r in runs
+    panels = [(f"{rate:,}/s offered", {scenario_of(r): r for r in runs
                                        if abs(r["offered"] - rate) < 0.05 * rate}) for rate in (1_000, TARGET_RATE)]
-    panels.append(("each variant's sustained rate", best))
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4), sharey=True)
+    panels.append(("each one's sustained rate", best))
+    most = max(len(by) for _, by in panels)
+    fig, axes = plt.subplots(1, 3, figsize=(max(12.0, 2.1 * most), 4), sharey=True)
     width = 0.27
     for ax, (title, by) in zip(axes, panels, strict=True):
-        shown = [v for v in VARIANTS if v in by]
+        shown = sorted((s for s in by if s[0] in VARIANTS), key=scenario_order)
         for k, (q, colour) in enumerate((("p50", "tab:green"), ("p95", "tab:orange"), ("p99", "tab:red"))):
             ax.bar([i + (k - 1) * width for i in range(len(shown))], [by[v][q] for v in shown], width,
                    color=colour, label=q)
-        ax.set_xticks(range(len(shown)), [SHORT[v] for v in shown], fontsize=8)
+        ax.set_xticks(range(len(shown)), [scenario_label(s, SHORT) for s in shown], fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     for ax in axes[:2]:
