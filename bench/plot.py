@@ -112,12 +112,12 @@ def scenario_of(r: dict[str, Any]) -> Scenario:
     return r.get("variant", "dedup"), int(r.get("replicas", 1))
 
 
-def scenario_label(s: Scenario, labels: dict[str, str]) -> str:
-    """VARIANTS' or SHORT's name of the variant, and its replicas where more than one (SHORT's: "x2")."""
+def scenario_label(s: Scenario, *, short: bool = False) -> str:
+    """The variant's name (VARIANTS', or SHORT's under a narrow bar) and its replicas where more than one."""
     variant, replicas = s
-    if replicas == 1:
-        return labels[variant]
-    return labels[variant] + (f", {replicas} replicas" if labels is VARIANTS else f"\nx{replicas}")
+    if short:
+        return SHORT[variant] + (f"\nx{replicas}" if replicas > 1 else "")
+    return VARIANTS[variant] + (f", {replicas} replicas" if replicas > 1 else "")
 
 
 def scenario_order(s: Scenario) -> tuple[int, int]:
@@ -143,7 +143,7 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
         print("no run kept up: nothing to draw by variant", file=sys.stderr)
         return []
     fig, ax = plt.subplots(figsize=(7, max(4.0, 0.5 * len(best) + 0.5)))
-    names = [scenario_label(s, VARIANTS) for s in best]
+    names = [scenario_label(s) for s in best]
     ax.barh(names, [r["offered"] for r in best.values()], color="tab:blue")
     for i, r in enumerate(best.values()):
         settings = "" if r["variant"] == "plain" else f", {window_of(r)} window, {r['max_rows']:,} rows"
@@ -174,7 +174,7 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
         for k, (q, colour) in enumerate((("p50", "tab:green"), ("p95", "tab:orange"), ("p99", "tab:red"))):
             ax.bar([i + (k - 1) * width for i in range(len(shown))], [by[v][q] for v in shown], width,
                    color=colour, label=q)
-        ax.set_xticks(range(len(shown)), [scenario_label(s, SHORT) for s in shown], fontsize=8)
+        ax.set_xticks(range(len(shown)), [scenario_label(s, short=True) for s in shown], fontsize=8)
         ax.set_title(title, fontsize=9)
         ax.grid(alpha=0.3, axis="y")
     for ax in axes[:2]:
