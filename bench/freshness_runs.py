@@ -38,6 +38,11 @@ def window_of(run: dict[str, Any]) -> str:
     return str(run.get("window") or EXAMPLE_WINDOW)
 
 
+def replicas_suffix(replicas: int) -> str:
+    """", N replicas" after a run's name where it ran more than one (bench/freshness.py --replicas), else nothing."""
+    return f", {replicas} replicas" if replicas > 1 else ""
+
+
 def kept_up(run: dict[str, Any]) -> bool:
     """Whether the pipeline kept pace with the offered rate: all landed, latency flat, the backlog gone at once."""
     all_landed = run.get("firsts_seen", 0) >= run.get("firsts", 0)

@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness_runs import cpu_us_per_event, freshness_runs, kept_up, window_of
+from freshness_runs import cpu_us_per_event, freshness_runs, kept_up, replicas_suffix, window_of
 
 
 def spaced(n: float) -> str:
@@ -33,8 +33,7 @@ def settings(run: dict[str, Any]) -> str:
 def variant_cell(run: dict[str, Any]) -> str:
     """The variant, what its rates count (the join's: matched pairs) and its replicas, if more than one."""
     cell = "join (a matched pair: 2 records)" if run["variant"] == "join" else run["variant"]
-    replicas = run.get("replicas", 1)
-    return f"{cell}, {replicas} replicas" if replicas > 1 else cell
+    return cell + replicas_suffix(run.get("replicas", 1))
 
 
 def row(run: dict[str, Any]) -> str:

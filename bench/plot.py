@@ -19,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness_runs import cpu_us_per_event, delivered_rate, freshness_runs, kept_up, window_of
+from freshness_runs import cpu_us_per_event, delivered_rate, freshness_runs, kept_up, replicas_suffix, window_of
 
 
 def series_name(r: dict[str, Any]) -> str:
@@ -37,7 +37,7 @@ def series_name(r: dict[str, Any]) -> str:
             "dedup-partition": "dedup, perKafkaPartition",
             "join": "join (rates in matched pairs)"}.get(variant, "dedup")
     keys = ", keys scattered" if r.get("scattered_keys") else ""
-    replicas = f", {r['replicas']} replicas" if r.get("replicas", 1) > 1 else ""
+    replicas = replicas_suffix(r.get("replicas", 1))
     return f"{what}{replicas}, {r.get('trigger', '1s')} trigger, {window_of(r)} window{keys}, {warm}"
 
 
@@ -117,7 +117,7 @@ def scenario_label(s: Scenario, *, short: bool = False) -> str:
     variant, replicas = s
     if short:
         return SHORT[variant] + (f"\nx{replicas}" if replicas > 1 else "")
-    return VARIANTS[variant] + (f", {replicas} replicas" if replicas > 1 else "")
+    return VARIANTS[variant] + replicas_suffix(replicas)
 
 
 def scenario_order(s: Scenario) -> tuple[int, int]:
