@@ -43,6 +43,12 @@ def replicas_suffix(replicas: int) -> str:
     return f", {replicas} replicas" if replicas > 1 else ""
 
 
+def keys_suffix(run: dict[str, Any]) -> str:
+    """", keys scattered" after the name of a ``--scattered-keys`` run (random ids: RocksDB's reads and writes spread
+    over the whole key space), else nothing."""
+    return ", keys scattered" if run.get("scattered_keys") else ""
+
+
 def kept_up(run: dict[str, Any]) -> bool:
     """Whether the pipeline kept pace with the offered rate: all landed, latency flat, the backlog gone at once."""
     all_landed = run.get("firsts_seen", 0) >= run.get("firsts", 0)

@@ -19,7 +19,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness_runs import cpu_us_per_event, delivered_rate, freshness_runs, kept_up, replicas_suffix, window_of
+from freshness_runs import (
+    cpu_us_per_event,
+    delivered_rate,
+    freshness_runs,
+    kept_up,
+    keys_suffix,
+    replicas_suffix,
+    window_of,
+)
 
 
 def series_name(r: dict[str, Any]) -> str:
@@ -36,7 +44,7 @@ def series_name(r: dict[str, Any]) -> str:
             "statestore-probe": "dedup per Kafka partition (probe, Spark's state store; 8366640)",
             "dedup-partition": "dedup, perKafkaPartition",
             "join": "join (rates in matched pairs)"}.get(variant, "dedup")
-    keys = ", keys scattered" if r.get("scattered_keys") else ""
+    keys = keys_suffix(r)
     replicas = replicas_suffix(r.get("replicas", 1))
     return f"{what}{replicas}, {r.get('trigger', '1s')} trigger, {window_of(r)} window{keys}, {warm}"
 
