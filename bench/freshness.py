@@ -3,7 +3,9 @@
 Starts its own Kafka (a broker with its production JIT) and ClickHouse, runs the sms-dedup pipeline
 continuously (`glasspipe run`, one replica, local Spark) and offers bench/workload.py's stream (10 % repeats)
 at each rate: a warm-up, then ``--settle`` seconds once the warm-up has landed, then the measured window.
-The events are made before they are offered (``Workload.plan``), so the producer costs ~3 us an event.
+The events are made before they are offered (``Workload.plan``), so the producer costs ~3 us an event; the
+measured window's are written to the run's scratch folder (``spill_plan``, ~140 bytes an event) and read back a
+chunk at a time, so a soak of 100 M events needs that much disk, not memory.
 A poller reads ClickHouse every 50 ms (``--poll``) for rows it has not seen (by ``seq``, which numbers first
 occurrences; the table is sorted by it); a row's latency is the poll that first saw it minus its
 ``sent_at`` (the moment it was produced, to the millisecond: the column ``sent_ms``; Kafka appends it
@@ -47,9 +49,8 @@ from freshness_runs import EXAMPLE_WINDOW
 from job_log import JobLog
 from join_stream import EXAMPLE_JOIN_WINDOW, RECORDS_A_PAIR, PairWorkload, check_joined, join_pipeline_file, users_topic
 from profile_summary import STACK_DEPTH
-from summary_stats import percentile
 from thread_cpu import CpuWindow, descendants
-from workload import LINGER_MS, Workload, produce_plan
+from workload import LINGER_MS, Workload, produce_plan, spill_plan
 
 from glasspipe.api.durations import parse_duration_ms
 from glasspipe_dev.clickhouse import ClickHouseServer
@@ -92,13 +93,13 @@ class Poller(threading.Thread):
         self.cpu = 0.0  # this thread's CPU seconds so far, as of its last poll
         self.stop = threading.Event()
 
-    def values(self, since: float) -> tuple[list[float], list[float]]:
+    def values(self, since: float) -> tuple[np.ndarray, np.ndarray]:
         """(latency, sent) in seconds of every row seen that was sent at ``since`` or later (the warm-up's rows,
         even one that lands late, are not measured)."""
         lat = np.concatenate(self.latencies) if self.latencies else np.zeros(0)
         sent = np.concatenate(self.sent) if self.sent else np.zeros(0)
         measured = sent >= since - 0.001  # sent_ms is whole milliseconds
-        return lat[measured].tolist(), sent[measured].tolist()
+        return lat[measured], sent[measured]
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -171,15 +172,22 @@ def start_plain_loop(kafka: KafkaServer, ch: ClickHouseServer, topic: str, table
     return ServerProcess("plain-loop", argv, log).start()
 
 
-def by_minute(sent: list[float], latencies: list[float]) -> dict[int, tuple[float, float, float]]:
+def quantile(values: np.ndarray, q: float) -> float:
+    """summary_stats.percentile's value (rank ``q``, nearest from below) of an array, without sorting it as Python
+    floats: a list of the 90 M latencies of a half-hour soak at 50 000/s would hold 2.9 GB."""
+    if not len(values):
+        return float("nan")
+    rank = min(len(values) - 1, int(q * len(values)))
+    return float(np.partition(values, rank)[rank])
+
+
+def by_minute(sent: np.ndarray, latencies: np.ndarray) -> dict[int, tuple[float, float, float]]:
     """p50 / p95 / p99 latency of the rows produced in each minute of the measured window."""
-    if not sent:
+    if not len(sent):
         return {}
-    t0 = min(sent)
-    groups: dict[int, list[float]] = {}
-    for t, lat in zip(sent, latencies, strict=True):
-        groups.setdefault(int((t - t0) // 60), []).append(lat)
-    return {m: (percentile(v, 0.5), percentile(v, 0.95), percentile(v, 0.99)) for m, v in sorted(groups.items())}
+    minutes = ((sent - sent.min()) // 60).astype(np.int64)
+    groups = {int(m): latencies[minutes == m] for m in np.unique(minutes)}
+    return {m: (quantile(v, 0.5), quantile(v, 0.95), quantile(v, 0.99)) for m, v in groups.items()}
 
 
 def wait_for_rows(poller: Poller, rows: int, jobs: list[ServerProcess], timeout: float, when: str) -> None:
@@ -213,16 +221,14 @@ def replica_log(tmp: Path, table: str, replica: int) -> Path:
     return tmp / (f"{table}.log" if replica == 0 else f"{table}-{replica}.log")
 
 
-def trend(sent: list[float], latencies: list[float]) -> tuple[float, float]:
+def trend(sent: np.ndarray, latencies: np.ndarray) -> tuple[float, float]:
     """Median latency of the rows produced in the first and in the last fifth of the run: flat when the
     pipeline keeps up, rising when it falls behind."""
-    if not sent:
+    if not len(sent):
         return float("nan"), float("nan")
-    lo, hi = min(sent), max(sent)
+    lo, hi = sent.min(), sent.max()
     fifth = (hi - lo) / 5
-    first = [lat for t, lat in zip(sent, latencies, strict=True) if t <= lo + fifth]
-    last = [lat for t, lat in zip(sent, latencies, strict=True) if t >= hi - fifth]
-    return percentile(first, 0.5), percentile(last, 0.5)
+    return quantile(latencies[sent <= lo + fifth], 0.5), quantile(latencies[sent >= hi - fifth], 0.5)
 
 
 def _jcmd(root: int | None, *command: str) -> None:
@@ -284,7 +290,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         warm = produce_plan(kafka.bootstrap, topic, workload.plan(int(warm_offer * warmup), warm_offer), warm_offer)
         # made while the pipeline drains the warm-up; its first ``settle`` seconds are offered but not measured: the
         # pipeline runs micro-batches of the measured size for a while before its latency counts
-        plan = workload.plan(int(offer * (settle + seconds)), offer)
+        plan = spill_plan(lambda n: workload.plan(n, offer), int(offer * (settle + seconds)), tmp / f"plan-{suffix}")
         poller = Poller(ch, table, poll)
         poller.start()
         wait_for_rows(poller, workload.firsts - (len(plan) - plan.repeats), jobs, math.inf,
@@ -338,9 +344,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         print(f"{VARIANTS[variant]}{shape}: offered {offered}; trigger {trigger}; producer linger {linger_ms} ms; "
               f"the last {seconds:.0f} s measured): landed {len(lat)} rows; "
               f"latency (polled every {poll * 1000:.0f} ms) "
-              f"p50 {percentile(lat, 0.5):.2f} s, p95 {percentile(lat, 0.95):.2f} s, "
-              f"p99 {percentile(lat, 0.99):.2f} s, "
-              f"max {max(lat, default=float('nan')):.2f} s; exact: {exact} ({checked})", flush=True)
+              f"p50 {quantile(lat, 0.5):.2f} s, p95 {quantile(lat, 0.95):.2f} s, "
+              f"p99 {quantile(lat, 0.99):.2f} s, max {quantile(lat, 1):.2f} s; exact: {exact} ({checked})", flush=True)
         print("  latency by minute of the measured window, p50 / p95 / p99: " + "; ".join(
             f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, (a, b, c) in by_minute(sent, lat).items()), flush=True)
         early, late = trend(sent, lat)
@@ -368,14 +373,15 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
                 "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
                 "scattered_keys": scattered_keys,
-                "landed": len(lat), "exact": exact, "p50": percentile(lat, 0.5), "p95": percentile(lat, 0.95),
-                "p99": percentile(lat, 0.99), "max": max(lat, default=float("nan")), "first_fifth": early,
+                "landed": len(lat), "exact": exact, "p50": quantile(lat, 0.5), "p95": quantile(lat, 0.95),
+                "p99": quantile(lat, 0.99), "max": quantile(lat, 1), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,
                 # first occurrences in all, seen by the end of the wait, and of the measured window's events
                 "firsts": workload.firsts, "firsts_seen": poller.rows, "firsts_measured": len(plan) - plan.repeats,
                 "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
                 "pipeline_cores_by_thread": {k: v / got["seconds"] for k, v in by_thread.items()}}
     finally:
+        shutil.rmtree(tmp / f"plan-{suffix}", ignore_errors=True)
         for job in jobs:
             job.stop(timeout=60)
         for log in (replica_log(tmp, table, i) for i in range(len(jobs))):

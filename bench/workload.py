@@ -10,6 +10,8 @@ Two ways to produce: ``Workload.event(now)`` makes each event when it is sent (b
 ``Workload.plan(n, rate)`` makes a stream's events before it is offered, in the stream's own clock, so that
 ``produce_plan`` only appends each tick's ``sent_at`` and hands the bytes to the producer. At 30 000 events/s
 making the JSON on the fly took most of a core of the two the pipeline runs on; a plan leaves ~3 us a record.
+A plan in memory holds ~220 bytes an event (33 M events took 7.4 GB); ``spill_plan`` writes one to files in
+chunks and ``produce_plan`` reads it back a chunk at a time, so a soak of 100 M events needs disk, not memory.
 
     python bench/workload.py --bootstrap 127.0.0.1:9092 --topic sms --rate 10000 --seconds 60
 """
@@ -20,8 +22,10 @@ import argparse
 import heapq
 import random
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from confluent_kafka import Producer
 
@@ -50,6 +54,55 @@ class Plan:
 
     def __len__(self) -> int:
         return len(self.keys)
+
+    def chunks(self) -> Iterator[Plan]:
+        """The plan as ``produce_plan`` reads it: here all at once."""
+        yield self
+
+
+SPILL_CHUNK = 50_000  # events a chunk of a SpilledPlan: ~7 MB, split back into lists in ~6 ms
+SPILLED = ("keys", "heads", "topics")  # a SpilledPlan's files in its directory, one line an event each
+
+
+@dataclass
+class SpilledPlan:
+    """A plan written to files (``spill_plan``), read back a chunk at a time: its events' keys, heads and (when it
+    has them) topics, one line an event (none of them holds a newline). ``sizes``: each chunk's bytes in each
+    file."""
+
+    directory: Path
+    sizes: list[tuple[int, int, int]]
+    events: int
+    repeats: int
+
+    def __len__(self) -> int:
+        return self.events
+
+    def chunks(self) -> Iterator[Plan]:
+        """Each chunk as a Plan, read when it is reached: one chunk's lists in memory at a time."""
+        keys_file, heads_file, topics_file = ((self.directory / name).open("rb") for name in SPILLED)
+        with keys_file, heads_file, topics_file:
+            for key_bytes, head_bytes, topic_bytes in self.sizes:
+                topics = topics_file.read(topic_bytes)[:-1].decode().split("\n") if topic_bytes else None
+                yield Plan(keys_file.read(key_bytes)[:-1].split(b"\n"), heads_file.read(head_bytes)[:-1].split(b"\n"),
+                           0, topics)
+
+
+def spill_plan(make: Callable[[int], Plan], n: int, directory: Path, chunk: int = SPILL_CHUNK) -> SpilledPlan:
+    """The next ``n`` events of ``make`` (a workload's ``plan`` at its rate, called for ``chunk`` events at a time:
+    the same stream as one call for all ``n``) written to files in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    sizes: list[tuple[int, int, int]] = []
+    repeats = 0
+    keys_file, heads_file, topics_file = ((directory / name).open("wb") for name in SPILLED)
+    with keys_file, heads_file, topics_file:
+        for start in range(0, n, chunk):
+            part = make(min(chunk, n - start))
+            repeats += part.repeats
+            topics = topics_file.write("\n".join(part.topics).encode() + b"\n") if part.topics else 0
+            sizes.append((keys_file.write(b"\n".join(part.keys) + b"\n"),
+                          heads_file.write(b"\n".join(part.heads) + b"\n"), topics))
+    return SpilledPlan(directory, sizes, n, repeats)
 
 
 @dataclass
@@ -132,7 +185,7 @@ def _send(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
             producer.poll(0.01)
 
 
-def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float,
+def produce_plan(bootstrap: str, topic: str, plan: Plan | SpilledPlan, rate: float,
                  linger_ms: int = LINGER_MS) -> dict[str, float]:
     """Offer ``plan``'s events at ``rate`` events/s (paced every 5 ms); each tick's events carry that tick's
     wall time as sent_at. Returns what was achieved, and the CPU seconds this process spent meanwhile (the
@@ -141,8 +194,12 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float,
     this process 0.10 -> 0.09 cores, the broker 0.20 -> 0.12), and a record waits up to that long in the
     producer, which the latencies measured from ``sent_at`` include."""
     producer = _producer(bootstrap, linger_ms)
-    keys, heads, n = plan.keys, plan.heads, len(plan)
-    topics = plan.topics or [topic] * n
+    n = len(plan)
+    parts = ((part.keys, part.heads, part.topics or [topic] * len(part)) for part in plan.chunks())
+    keys: list[bytes] = []
+    heads: list[bytes] = []
+    topics: list[str] = []
+    base = 0  # the stream's index of the chunk's first event
     cpu0 = time.process_time()
     start = time.monotonic()
     sent = 0
@@ -150,9 +207,13 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan, rate: float,
         due = min(n, int((time.monotonic() - start) * rate))
         if due > sent:
             tail = sent_at(time.time()) + TAIL
-            for i in range(sent, due):
-                _send(producer, topics[i], heads[i] + tail, keys[i])
-            sent = due
+            while sent < due:
+                if sent == base + len(keys):
+                    base, (keys, heads, topics) = sent, next(parts)
+                end = min(due, base + len(keys))
+                for i in range(sent - base, end - base):
+                    _send(producer, topics[i], heads[i] + tail, keys[i])
+                sent = end
         producer.poll(0)
         time.sleep(0.005)
     producer.flush(60)
