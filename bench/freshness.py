@@ -346,8 +346,9 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
               f"latency (polled every {poll * 1000:.0f} ms) "
               f"p50 {quantile(lat, 0.5):.2f} s, p95 {quantile(lat, 0.95):.2f} s, "
               f"p99 {quantile(lat, 0.99):.2f} s, max {quantile(lat, 1):.2f} s; exact: {exact} ({checked})", flush=True)
+        minutes = by_minute(sent, lat)
         print("  latency by minute of the measured window, p50 / p95 / p99: " + "; ".join(
-            f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, (a, b, c) in by_minute(sent, lat).items()), flush=True)
+            f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, (a, b, c) in minutes.items()), flush=True)
         early, late = trend(sent, lat)
         landed = (f"all landed {drained:.1f} s after the last event was produced" if poller.rows >= workload.firsts
                   else f"NOT all landed: {poller.rows} of {workload.firsts} first occurrences seen {drained:.1f} s "
@@ -376,6 +377,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "landed": len(lat), "exact": exact, "p50": quantile(lat, 0.5), "p95": quantile(lat, 0.95),
                 "p99": quantile(lat, 0.99), "max": quantile(lat, 1), "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,
+                # [minute, p50, p95, p99] of the measured window's rows by the minute they were sent: a long run's shape
+                "by_minute": [[m, *percentiles] for m, percentiles in minutes.items()],
                 # first occurrences in all, seen by the end of the wait, and of the measured window's events
                 "firsts": workload.firsts, "firsts_seen": poller.rows, "firsts_measured": len(plan) - plan.repeats,
                 "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
