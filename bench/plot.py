@@ -1,12 +1,14 @@
 """PNG plots of the figures bench/freshness.py appends to a JSON-lines file (``--json``): delivered rate and
 latency percentiles against offered rate; with ``--by-variant``, each variant's sustained rate and its latency
 percentiles at 1 000/s, 10 000/s and that rate (a variant with ``--replicas`` N is its own bar; the join's rates
-are matched pairs). Needs matplotlib, which the job and the tests do not: ``pip install matplotlib`` (or
+are matched pairs); with ``--by-minute``, each run's latency percentiles minute by minute (a long run's shape).
+Needs matplotlib, which the job and the tests do not: ``pip install matplotlib`` (or
 ``pip install -e '.[bench]'``).
 
     python bench/freshness.py --rates 1000,5000,10000 --json /tmp/fresh.jsonl
     python bench/plot.py /tmp/fresh.jsonl --out docs/img
     python bench/plot.py docs/img/matrix-2026-12-04.jsonl --by-variant --out /tmp/plots
+    python bench/plot.py docs/img/peer-shape-soak-2026-12-06.jsonl --by-minute --tag peer-shape-soak-2026-12-06
 """
 
 from __future__ import annotations
@@ -195,6 +197,54 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     return [out / f"sustained-by-variant{tag}.png", out / f"latency-by-variant{tag}.png"]
 
 
+def window_s(run: dict[str, Any]) -> float:
+    """The run's deduplication window in seconds (a window as freshness.py takes it: 30s, 2m, 8h, 7d)."""
+    text = window_of(run)
+    return float(text[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[text[-1]]
+
+
+def live_keys_axis(ax: Any, runs: list[dict[str, Any]]) -> None:
+    """Over the minutes, the live dedup keys at each minute's end (millions), where every run made the same keys and
+    none expired (a window longer than the run): the warm-up's, then the measured window's at an even pace."""
+    first = runs[0]
+    same = all((r.get("firsts"), r.get("firsts_measured"), round(r["seconds"])) ==
+               (first.get("firsts"), first.get("firsts_measured"), round(first["seconds"])) for r in runs)
+    if not same or not first.get("firsts") or any(r.get("variant", "dedup") == "plain" for r in runs):
+        return
+    if any(window_s(r) < r["seconds"] + 600 for r in runs):  # the warm-up's keys and the run's all still live
+        return
+    warm, per_minute = first["firsts"] - first["firsts_measured"], first["firsts_measured"] * 60 / first["seconds"]
+    top = ax.secondary_xaxis("top", functions=(lambda m: (warm + (m + 1) * per_minute) / 1e6,
+                                               lambda k: k * 1e6 / per_minute - warm / per_minute - 1))
+    top.set_xlabel("live dedup keys at the minute's end, millions (none expire)", fontsize=8)
+
+
+def plot_by_minute(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
+    """Each run's p50 and p99 by minute of its measured window (freshness.py's ``by_minute``), a colour a run: whether
+    a long run held flat, and from when it did not."""
+    timed = [r for r in runs if r.get("by_minute")]
+    if not timed:
+        print("no run has figures by minute (bench/freshness.py writes them since d8d4ded)", file=sys.stderr)
+        return []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, r in enumerate(timed):
+        minutes = [m for m, *_ in r["by_minute"]]
+        name = f"{series_name(r)}, {r['offered']:,.0f}/s"
+        ax.plot(minutes, [p50 for _, p50, _, _ in r["by_minute"]], "o-", markersize=3, color=f"C{i}",
+                label=f"p50, {name}")
+        ax.plot(minutes, [p99 for *_, p99 in r["by_minute"]], "^:", markersize=3, color=f"C{i}",
+                label=f"p99, {name}")
+    ax.set_xlabel("minute of the measured window")
+    live_keys_axis(ax, timed)
+    ax.set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("latency percentiles by minute" + suffix, fontsize=9)
+    below(ax, 7)
+    ax.grid(alpha=0.3)
+    fig.savefig(out / f"latency-by-minute{tag}.png", dpi=100, bbox_inches="tight")
+    return [out / f"latency-by-minute{tag}.png"]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("files", type=Path, nargs="+")
@@ -202,8 +252,10 @@ def main() -> int:
     p.add_argument("--label", default="", help="added to the plot titles (e.g. the commit)")
     p.add_argument("--tag", default="",
                    help="added to the file names: --tag 2026-12-04 writes latency-by-variant-2026-12-04.png")
-    p.add_argument("--by-variant", action="store_true",
-                   help="runs of several variants at a few fixed rates (a matrix): bars by variant, not lines by rate")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--by-variant", action="store_true", help="runs of several variants at a few fixed rates "
+                     "(a matrix): bars by variant, not lines by rate")
+    how.add_argument("--by-minute", action="store_true", help="each run's latency minute by minute, not by rate")
     args = p.parse_args()
     try:
         import matplotlib
@@ -219,7 +271,7 @@ def main() -> int:
         return 1
     args.out.mkdir(parents=True, exist_ok=True)
     suffix = f"\n{args.label}" if args.label else ""
-    draw = plot_by_variant if args.by_variant else plot_vs_offered
+    draw = plot_by_variant if args.by_variant else plot_by_minute if args.by_minute else plot_vs_offered
     written = draw(plt, runs, args.out, suffix, f"-{args.tag}" if args.tag else "")
     print("wrote " + " and ".join(str(w) for w in written))
     return 0 if written else 1
