@@ -10,6 +10,9 @@ from typing import Any
 # A run keeps up when every first occurrence landed, the latency of the run's last fifth is not above its first
 # fifth's by more than this (a pipeline falling behind climbs through the run: seconds a minute)...
 RISE_ALLOWED_S = 0.5
+# ... no whole minute's median above the first fifth's by more than this, where the run kept its minutes (``by_minute``:
+# freshness.py since 2026-12-06), for a long run can fall behind for minutes and catch up before its last fifth...
+MINUTE_RISE_ALLOWED_S = 1.0
 # ... and the last event's row landed within this many of the run's p99 after it was produced, or within
 # DRAIN_FLOOR_S (at low latency three p99s is about a second: one slow poll of the table must not count as behind).
 DRAIN_OVER_P99 = 3.0
@@ -49,10 +52,19 @@ def keys_suffix(run: dict[str, Any]) -> str:
     return ", keys scattered" if run.get("scattered_keys") else ""
 
 
+def worst_minute_rise(run: dict[str, Any]) -> float:
+    """How far the slowest whole minute's median latency rose above the run's first fifth's, in seconds (0 for a run
+    without its minutes; a last minute cut short by the run's end does not count)."""
+    whole = int(run["seconds"] // 60)
+    medians = [p50 for minute, p50, *_ in run.get("by_minute") or [] if minute < whole]
+    return max((p50 - run["first_fifth"] for p50 in medians), default=0.0)
+
+
 def kept_up(run: dict[str, Any]) -> bool:
     """Whether the pipeline kept pace with the offered rate: all landed, latency flat, the backlog gone at once."""
     all_landed = run.get("firsts_seen", 0) >= run.get("firsts", 0)
-    flat = run["last_fifth"] <= run["first_fifth"] + RISE_ALLOWED_S
+    flat = (run["last_fifth"] <= run["first_fifth"] + RISE_ALLOWED_S
+            and worst_minute_rise(run) <= MINUTE_RISE_ALLOWED_S)
     drained = run["drained"] <= max(DRAIN_OVER_P99 * run["p99"], DRAIN_FLOOR_S)
     return bool(all_landed and flat and drained and run["exact"])
 
