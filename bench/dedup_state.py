@@ -9,6 +9,16 @@ micro-batch overhead, with no Kafka or ClickHouse.
     python bench/dedup_state.py --impl jvm --sizes 0,1000000,10000000
     python bench/dedup_state.py --impl dropdup --sizes 0,1000000
     python bench/dedup_state.py --impl jvm --sizes 0,1000000 --judged-late-ranges 115000
+    python bench/dedup_state.py --impl jvm --sizes 10000000,40000000,80000000 --small 50000 --repeat-share 0.1 \
+        --scattered-keys --job-conf
+
+``--small 50000 --repeat-share 0.1`` is a second of the peer's load-test shape at 50 000/s (bench/freshness.py);
+``--scattered-keys`` makes the keys random ids (a hash of the number, 16 hex digits) instead of ``key-<n>``, so
+new keys land all over the state, as in ``freshness.py --scattered-keys``; ``--job-conf`` runs Spark with the
+settings ``glasspipe run`` gives it (contract.REQUIRED_SPARK_CONF, a snapshot a minute at a 1 s trigger), which
+leave the state's row count untracked (it prints as n/a). ``--drop-page-cache`` (root only) empties the operating
+system's page cache before each measured batch, so every block RocksDB's own cache misses is read from the disk: what
+a batch costs when the state's files no longer fit in memory beside everything else.
 
 ``--judged-late-ranges N`` hands the operator N late ranges of a hand-over (handover.judged_late), two Kafka
 partitions' worth, as a new writer carries them for its whole life: what they cost each batch. No row here is a
@@ -16,7 +26,7 @@ warm-up row, so none is judged by them.
 
 Keys are strings ``key-<n>``; event time is base + n microseconds (all keys stay inside the window
 and above the watermark, so nothing is evicted: the state only grows). Each small batch has half
-new keys and half duplicates of keys already in state.
+(``--repeat-share``) new keys and the rest duplicates of keys already in state.
 """
 
 from __future__ import annotations
@@ -35,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sparkapp"))
 
 from pyspark.sql import DataFrame, SparkSession
 
+from glasspipe.contract import REQUIRED_SPARK_CONF, SNAPSHOT_BATCHES_CONF, batches_per_snapshot
 from glasspipe_job.jvm import deduplicate_within_window, jvm_ops_jar
 
 BASE_US = 1_700_000_000_000_000  # event time origin, microseconds since the epoch
@@ -69,8 +80,11 @@ def session(partitions: int, with_jar: bool, confs: list[str]) -> SparkSession:
 class Feeder:
     """Writes parquet files into the source folder atomically (staging folder, then rename)."""
 
-    def __init__(self, spark: SparkSession, root: Path) -> None:
+    def __init__(self, spark: SparkSession, root: Path, scattered: bool = False) -> None:
         self.spark = spark
+        # A 64-bit hash of the key number as 16 hex digits: random ids, each number its own (80 M numbers
+        # collide with odds of ~2e-4).
+        self.key_expr = "concat('id-', lpad(hex(xxhash64(id)), 16, '0'))" if scattered else "concat('key-', id)"
         self.src = root / "in"
         self.staging = root / "staging"
         self.src.mkdir(parents=True)
@@ -79,7 +93,7 @@ class Feeder:
     def put(self, sql_ids: str) -> None:
         """sql_ids: a SELECT giving one column ``id`` (bigint): the key numbers of this batch."""
         df = self.spark.sql(sql_ids).selectExpr(
-            "concat('key-', id) AS k",
+            f"{self.key_expr} AS k",
             f"timestamp_micros({BASE_US} + {self.n * 1000} + id % 1000000) AS ts",
             "concat('payload-', id, '-', uuid()) AS payload",
         )
@@ -123,11 +137,42 @@ def run_batch(q: Any, feeder: Feeder, sql_ids: str) -> tuple[float, list[dict[st
     return wall, progs
 
 
-def state_rows(progs: list[dict[str, Any]]) -> int:
+def state_rows(progs: list[dict[str, Any]]) -> str:
+    """The state's row count as the last progress reports it; n/a where Spark does not track it."""
     for p in reversed(progs):
         if p.get("stateOperators"):
-            return int(p["stateOperators"][0]["numRowsTotal"])
-    return -1
+            rows = int(p["stateOperators"][0]["numRowsTotal"])
+            return f"{rows:,}" if rows else "n/a"
+    return "n/a"
+
+
+def state_commit_ms(progs: list[dict[str, Any]]) -> int:
+    """Milliseconds the batch's state stores took to commit (a RocksDB flush and local checkpoint when a snapshot
+    is due, else the changelog)."""
+    return sum(int(so.get("commitTimeMs") or 0) for p in progs for so in p.get("stateOperators") or [])
+
+
+ROCKSDB_FIGURES = ("rocksdbGetCount", "rocksdbGetLatency", "rocksdbReadBlockCacheMissCount", "rocksdbTotalBytesRead",
+                   "rocksdbTotalCompactionLatencyMs", "rocksdbSstFileSize")
+
+
+def rocksdb_figures(progs: list[dict[str, Any]]) -> dict[str, int]:
+    """Spark's RocksDB metrics of a batch (ROCKSDB_FIGURES), summed over its state operators: gets, their latency in
+    ms, block-cache misses, bytes read from the files, compaction ms, the state's files on disk in bytes."""
+    return {name: sum(int((so.get("customMetrics") or {}).get(name) or 0)
+                      for p in progs for so in p.get("stateOperators") or []) for name in ROCKSDB_FIGURES}
+
+
+def drop_page_cache() -> None:
+    """Writes dirty pages out and empties the kernel's page cache (Linux, root)."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1\n")
+
+
+def job_conf() -> list[str]:
+    """``glasspipe run``'s Spark settings at a 1 s trigger, as key=value."""
+    conf = {**REQUIRED_SPARK_CONF, SNAPSHOT_BATCHES_CONF: str(batches_per_snapshot("1s"))}
+    return [f"{k}={v}" for k, v in conf.items()]
 
 
 def main() -> None:
@@ -138,6 +183,12 @@ def main() -> None:
     ap.add_argument("--build-batch", type=int, default=2_000_000)
     ap.add_argument("--small", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeat-share", type=float, default=0.5,
+                    help="share of a measured batch's rows that repeat a key already in state")
+    ap.add_argument("--scattered-keys", action="store_true", help="keys as random ids (see the module docstring)")
+    ap.add_argument("--job-conf", action="store_true", help="Spark settings as glasspipe run gives them")
+    ap.add_argument("--drop-page-cache", action="store_true",
+                    help="empty the OS page cache before each measured batch (root; see the module docstring)")
     ap.add_argument("--conf", action="append", default=[], help="extra Spark conf key=value")
     ap.add_argument("--judged-late-ranges", type=int, default=0,
                     help="late ranges of a hand-over the operator carries (jvm only; see the module docstring)")
@@ -146,11 +197,16 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="gp-bench-dedup-"))
     t0 = time.monotonic()
-    spark = session(args.partitions, with_jar=args.impl == "jvm", confs=args.conf)
+    if args.drop_page_cache and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
+        ap.error("--drop-page-cache needs root on Linux (it writes /proc/sys/vm/drop_caches)")
+    confs = (job_conf() if args.job_conf else []) + args.conf
+    spark = session(args.partitions, with_jar=args.impl == "jvm" or args.job_conf, confs=confs)
     start_s = time.monotonic() - t0
-    print(f"impl={args.impl} partitions={args.partitions} confs={args.conf} judged late ranges "
-          f"{args.judged_late_ranges} session start {start_s:.1f} s")
-    feeder = Feeder(spark, root)
+    print(f"impl={args.impl} partitions={args.partitions} keys {'scattered' if args.scattered_keys else 'in order'} "
+          f"job conf {args.job_conf} page cache dropped before each batch {args.drop_page_cache} "
+          f"confs={args.conf} judged late ranges {args.judged_late_ranges} "
+          f"session start {start_s:.1f} s")
+    feeder = Feeder(spark, root, scattered=args.scattered_keys)
     q = None
     live = 0  # keys 0..live-1 are in state
     fresh = 10_000_000_000  # small batches draw new keys from here, away from the build range
@@ -178,28 +234,43 @@ def main() -> None:
                     )
                 print(
                     f"  build +{n:,} new keys: {exec_s:.1f} s in batch -> {n / exec_s:,.0f} rows/s "
-                    f"(wall {wall:.1f} s, state rows {state_rows(progs):,})",
+                    f"(wall {wall:.1f} s, state rows {state_rows(progs)})",
                     flush=True,
                 )
             lat: list[float] = []
             walls: list[float] = []
+            commits: list[int] = []
+            rocks: list[dict[str, int]] = []
             for _ in range(args.repeats):
-                half = args.small // 2
+                new = args.small - round(args.small * args.repeat_share)
                 # Duplicates: keys spread over the whole state (or of this batch's new keys if empty).
                 dups = f"(id * 7919) % {live}" if live else f"id + {fresh}"
                 sql = (
-                    f"SELECT id + {fresh} AS id FROM range({half}) UNION ALL "
-                    f"SELECT {dups} AS id FROM range({args.small - half})"
+                    f"SELECT id + {fresh} AS id FROM range({new}) UNION ALL "
+                    f"SELECT {dups} AS id FROM range({args.small - new})"
                 )
-                fresh += half
+                fresh += new
+                if args.drop_page_cache:
+                    drop_page_cache()
                 wall, progs = run_batch(q, feeder, sql)
                 data = [p for p in progs if p["numInputRows"] > 0]
                 lat.append(sum(p["durationMs"]["triggerExecution"] for p in data) / 1000)
                 walls.append(wall)
+                commits.append(state_commit_ms(data))
+                rocks.append(rocksdb_figures(data))
             print(
                 f"live keys {live:>11,}: {args.small}-row batch median {statistics.median(lat) * 1000:,.0f} ms "
-                f"(min {min(lat) * 1000:,.0f}, max {max(lat) * 1000:,.0f}; wall incl. no-data batches "
+                f"(min {min(lat) * 1000:,.0f}, max {max(lat) * 1000:,.0f}; of it the state's commit median "
+                f"{statistics.median(commits):,.0f} ms; wall incl. no-data batches "
                 f"median {statistics.median(walls) * 1000:,.0f} ms)",
+                flush=True,
+            )
+            med = {name.removeprefix("rocksdb"): statistics.median(r[name] for r in rocks) for name in ROCKSDB_FIGURES}
+            print(
+                f"    RocksDB, a batch's median: {med['GetCount']:,.0f} gets in {med['GetLatency']:,.0f} ms, "
+                f"{med['ReadBlockCacheMissCount']:,.0f} block-cache misses, {med['TotalBytesRead'] / 1e6:,.1f} MB "
+                f"read, compactions {med['TotalCompactionLatencyMs']:,.0f} ms; "
+                f"files on disk {rocks[-1]['rocksdbSstFileSize'] / 1e9:,.2f} GB",
                 flush=True,
             )
         if build_rates:
