@@ -25,8 +25,8 @@ partitions' worth, as a new writer carries them for its whole life: what they co
 warm-up row, so none is judged by them.
 
 Keys are strings ``key-<n>``; event time is base + n microseconds (all keys stay inside the window
-and above the watermark, so nothing is evicted: the state only grows). Each small batch has half
-(``--repeat-share``) new keys and the rest duplicates of keys already in state.
+and above the watermark, so nothing is evicted: the state only grows). Each small batch has new keys and
+duplicates of keys already in state, half each unless ``--repeat-share`` says otherwise.
 """
 
 from __future__ import annotations
@@ -195,10 +195,10 @@ def main() -> None:
     args = ap.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
 
-    root = Path(tempfile.mkdtemp(prefix="gp-bench-dedup-"))
-    t0 = time.monotonic()
     if args.drop_page_cache and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
         ap.error("--drop-page-cache needs root on Linux (it writes /proc/sys/vm/drop_caches)")
+    root = Path(tempfile.mkdtemp(prefix="gp-bench-dedup-"))
+    t0 = time.monotonic()
     confs = (job_conf() if args.job_conf else []) + args.conf
     spark = session(args.partitions, with_jar=args.impl == "jvm" or args.job_conf, confs=confs)
     start_s = time.monotonic() - t0

@@ -14,6 +14,7 @@ Needs matplotlib, which the job and the tests do not: ``pip install matplotlib``
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -197,10 +198,10 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     return [out / f"sustained-by-variant{tag}.png", out / f"latency-by-variant{tag}.png"]
 
 
-def window_s(run: dict[str, Any]) -> float:
-    """The run's deduplication window in seconds (a window as freshness.py takes it: 30s, 2m, 8h, 7d)."""
-    text = window_of(run)
-    return float(text[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[text[-1]]
+def window_s(run: dict[str, Any]) -> float | None:
+    """The run's deduplication window in seconds, for a window of one unit (30s, 2m, 8h, 7d); None for others."""
+    match = re.fullmatch(r"(\d+)([smhd])", window_of(run))
+    return int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else None
 
 
 def live_keys_axis(ax: Any, runs: list[dict[str, Any]]) -> None:
@@ -209,9 +210,10 @@ def live_keys_axis(ax: Any, runs: list[dict[str, Any]]) -> None:
     first = runs[0]
     same = all((r.get("firsts"), r.get("firsts_measured"), round(r["seconds"])) ==
                (first.get("firsts"), first.get("firsts_measured"), round(first["seconds"])) for r in runs)
-    if not same or not first.get("firsts") or any(r.get("variant", "dedup") == "plain" for r in runs):
+    if not same or not first.get("firsts") or not all(r.get("variant", "dedup").startswith("dedup") for r in runs):
         return
-    if any(window_s(r) < r["seconds"] + 600 for r in runs):  # the warm-up's keys and the run's all still live
+    # every key still live at the end: the window outlasts the run and a warm-up of up to ten minutes
+    if any((window_s(r) or 0) < r["seconds"] + 600 for r in runs):
         return
     warm, per_minute = first["firsts"] - first["firsts_measured"], first["firsts_measured"] * 60 / first["seconds"]
     top = ax.secondary_xaxis("top", functions=(lambda m: (warm + (m + 1) * per_minute) / 1e6,
