@@ -236,6 +236,9 @@ def plot_by_minute(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str,
                 label=f"p50, {name}")
         ax.plot(minutes, [p99 for *_, p99 in r["by_minute"]], "^:", markersize=3, color=f"C{i}",
                 label=f"p99, {name}")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.set_xlabel("minute of the measured window")
     live_keys_axis(ax, timed)
     ax.set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
@@ -275,7 +278,8 @@ def main() -> int:
     suffix = f"\n{args.label}" if args.label else ""
     draw = plot_by_variant if args.by_variant else plot_by_minute if args.by_minute else plot_vs_offered
     written = draw(plt, runs, args.out, suffix, f"-{args.tag}" if args.tag else "")
-    print("wrote " + " and ".join(str(w) for w in written))
+    if written:
+        print("wrote " + " and ".join(str(w) for w in written))
     return 0 if written else 1
 
 
