@@ -14,13 +14,13 @@ Needs matplotlib, which the job and the tests do not: ``pip install matplotlib``
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from freshness_runs import (
     cpu_us_per_event,
@@ -31,6 +31,8 @@ from freshness_runs import (
     replicas_suffix,
     window_of,
 )
+
+from glasspipe.api.durations import parse_duration_ms
 
 
 def series_name(r: dict[str, Any]) -> str:
@@ -199,9 +201,11 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
 
 
 def window_s(run: dict[str, Any]) -> float | None:
-    """The run's deduplication window in seconds, for a window of one unit (30s, 2m, 8h, 7d); None for others."""
-    match = re.fullmatch(r"(\d+)([smhd])", window_of(run))
-    return int(match[1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]] if match else None
+    """The run's deduplication window in seconds; None where it is not a duration as a GlassPipeline writes one."""
+    try:
+        return parse_duration_ms(window_of(run)) / 1000
+    except ValueError:
+        return None
 
 
 def live_keys_axis(ax: Any, runs: list[dict[str, Any]]) -> None:
