@@ -15,7 +15,7 @@ micro-batch overhead, with no Kafka or ClickHouse.
 ``--small 50000 --repeat-share 0.1`` is a second of the peer's load-test shape at 50 000/s (bench/freshness.py);
 ``--scattered-keys`` makes the keys random ids (a hash of the number, 16 hex digits) instead of ``key-<n>``, so
 new keys land all over the state, as in ``freshness.py --scattered-keys``; ``--job-conf`` runs Spark with the
-settings ``glasspipe run`` gives it (contract.REQUIRED_SPARK_CONF, a snapshot a minute at a 1 s trigger), which
+settings ``glasspipe run`` gives it (contract.spark_conf: a snapshot a minute at a 1 s trigger, and the rest), which
 leave the state's row count untracked (it prints as n/a). ``--drop-page-cache`` (root only) empties the operating
 system's page cache before each measured batch, so every block RocksDB's own cache misses is read from the disk: what
 a batch costs when the state's files no longer fit in memory beside everything else.
@@ -42,10 +42,13 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sparkapp"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
 from pyspark.sql import DataFrame, SparkSession
 
-from glasspipe.contract import REQUIRED_SPARK_CONF, SNAPSHOT_BATCHES_CONF, batches_per_snapshot
+from glasspipe import contract
+from glasspipe.api import models
+from glasspipe_dev.pipelines import load_example
 from glasspipe_job.jvm import deduplicate_within_window, jvm_ops_jar
 
 BASE_US = 1_700_000_000_000_000  # event time origin, microseconds since the epoch
@@ -170,8 +173,12 @@ def drop_page_cache() -> None:
 
 
 def job_conf() -> list[str]:
-    """``glasspipe run``'s Spark settings at a 1 s trigger, as key=value."""
-    conf = {**REQUIRED_SPARK_CONF, SNAPSHOT_BATCHES_CONF: str(batches_per_snapshot("1s"))}
+    """The Spark settings the job runs examples/sms-dedup.yaml with at a 1 s trigger (contract.spark_conf), as
+    key=value, but for the shuffle partitions, which ``--partitions`` sets."""
+    spec = load_example("sms-dedup.yaml")["spec"]
+    spec["sink"]["clickhouse"]["batching"]["maxDelay"] = "1s"
+    conf = contract.spark_conf(models.GlassPipelineSpec.model_validate(spec))
+    conf.pop("spark.sql.shuffle.partitions")
     return [f"{k}={v}" for k, v in conf.items()]
 
 
