@@ -372,6 +372,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             print("  by fifth of those batches, median ms of the trigger / foreachBatch / its Spark job: " + "; ".join(
                 f"{t:.0f} / {f:.0f} / {j:.0f}" for t, f, j in fifths), flush=True)
         return {"variant": variant, "replicas": replicas, "offered": got["rate"] / per, "seconds": got["seconds"],
+                "began": began,  # epoch s the measured window began: bench/machine_sampler.py --by-minute --since
                 "warmup_rate": warmup_rate, "settle": settle,
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
                 "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
