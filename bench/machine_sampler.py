@@ -15,11 +15,15 @@ from __future__ import annotations
 import argparse
 import ast
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from clickhouse_driver import Client
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+
 from thread_cpu import process_cpu
 
 PROCESSES = {"ch": r"clickhouse-server --config-file", "kafka": r"kafka\.Kafka|KafkaRaftServer",
