@@ -371,6 +371,10 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         if fifths:
             print("  by fifth of those batches, median ms of the trigger / foreachBatch / its Spark job: " + "; ".join(
                 f"{t:.0f} / {f:.0f} / {j:.0f}" for t, f, j in fifths), flush=True)
+        costs = job_log.cost_by_fifth(first_batch)
+        if costs:
+            print("  by fifth of the batches with data, the trigger's us an input row (median rows a batch): "
+                  + "; ".join(f"{us:.1f} ({rows})" for us, rows in costs), flush=True)
         return {"variant": variant, "replicas": replicas, "offered": got["rate"] / per, "seconds": got["seconds"],
                 "began": began,  # epoch s the measured window began: bench/machine_sampler.py --by-minute --since
                 "warmup_rate": warmup_rate, "settle": settle,
@@ -380,6 +384,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "landed": len(lat), "exact": exact, "p50": p50, "p95": p95, "p99": p99, "max": slowest,
                 "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,
+                "trigger_us_per_row_by_fifth": costs,
                 # [minute, p50, p95, p99] of the measured window's rows by the minute they were sent: a long run's shape
                 "by_minute": [[m, *percentiles] for m, percentiles in minutes.items()],
                 # first occurrences in all, seen by the end of the wait, and of the measured window's events

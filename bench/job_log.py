@@ -55,3 +55,17 @@ class JobLog:
                         statistics.median(jobs[b][0] * 1000 for b, _ in part),
                         statistics.median(jobs[b][1] * 1000 for b, _ in part)))
         return out
+
+    def cost_by_fifth(self, first: int) -> list[tuple[float, int]]:
+        """For each fifth of the batches from ``first`` on that read records: the trigger's µs an input row over
+        them and their median rows a batch. A pipeline behind takes larger batches, each longer (up to
+        ``maxOffsetsPerTrigger`` rows): their ms alone read as a cost that grew, their µs a row tell whether it did."""
+        rows = [(n, float(d.get("triggerExecution", 0))) for b, n, d in self.progress if b >= first and n > 0]
+        if len(rows) < 5:
+            return []
+        out = []
+        for i in range(5):
+            part = rows[i * len(rows) // 5:(i + 1) * len(rows) // 5]
+            out.append((1000 * sum(ms for _, ms in part) / sum(n for n, _ in part),
+                        int(statistics.median(n for n, _ in part))))
+        return out
