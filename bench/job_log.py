@@ -9,9 +9,17 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 PROGRESS = re.compile(r"progress of batch (\d+): (\d+) input rows, durations ms (\{.*\})")
 WRITTEN = re.compile(r"batch (\d+): .* ([\d.]+) s \(its first part's Spark job ([\d.]+) s\)")
+
+
+def fifths(items: list[T]) -> list[list[T]]:
+    """``items`` in five consecutive parts as even as they go; none for fewer than five items."""
+    return [items[i * len(items) // 5:(i + 1) * len(items) // 5] for i in range(5)] if len(items) >= 5 else []
 
 
 @dataclass(frozen=True)
@@ -46,26 +54,14 @@ class JobLog:
         shows which of them grew."""
         jobs = self.written
         rows = [(b, d) for b, n, d in self.progress if b >= first and n > 0 and b in jobs]
-        if len(rows) < 5:
-            return []
-        out = []
-        for i in range(5):
-            part = rows[i * len(rows) // 5:(i + 1) * len(rows) // 5]
-            out.append((statistics.median(float(d.get("triggerExecution", 0)) for _, d in part),
-                        statistics.median(jobs[b][0] * 1000 for b, _ in part),
-                        statistics.median(jobs[b][1] * 1000 for b, _ in part)))
-        return out
+        return [(statistics.median(float(d.get("triggerExecution", 0)) for _, d in part),
+                 statistics.median(jobs[b][0] * 1000 for b, _ in part),
+                 statistics.median(jobs[b][1] * 1000 for b, _ in part)) for part in fifths(rows)]
 
     def cost_by_fifth(self, first: int) -> list[tuple[float, int]]:
         """For each fifth of the batches from ``first`` on that read records: the trigger's µs an input row over
         them and their median rows a batch. A pipeline behind takes larger batches, each longer (up to
         ``maxOffsetsPerTrigger`` rows): their ms alone read as a cost that grew, their µs a row tell whether it did."""
         rows = [(n, float(d.get("triggerExecution", 0))) for b, n, d in self.progress if b >= first and n > 0]
-        if len(rows) < 5:
-            return []
-        out = []
-        for i in range(5):
-            part = rows[i * len(rows) // 5:(i + 1) * len(rows) // 5]
-            out.append((1000 * sum(ms for _, ms in part) / sum(n for n, _ in part),
-                        int(statistics.median(n for n, _ in part))))
-        return out
+        return [(1000 * sum(ms for _, ms in part) / sum(n for n, _ in part), int(statistics.median(n for n, _ in part)))
+                for part in fifths(rows)]
