@@ -83,7 +83,6 @@ def main(out_path: str) -> None:
     pids: dict[str, tuple[int | None, str]] = {}
     last = machine_ticks()
     sectors = disk_sectors()
-    spark_read: int | None = None
     with open(out_path, "w") as out:
         while True:
             time.sleep(1)
@@ -91,7 +90,8 @@ def main(out_path: str) -> None:
                 pid = pids.get(name, (None, ""))[0]
                 if pid is None or not Path(f"/proc/{pid}").exists():
                     pids[name] = find(pattern)
-                    before.pop(name, None)
+                    for counter in (name, f"{name}_read_mb"):  # a new process's counters start from zero
+                        before.pop(counter, None)
             if client is None and pids["ch"][0] is not None:
                 client = clickhouse_client(pids["ch"][1])
             now = machine_ticks()
@@ -109,10 +109,11 @@ def main(out_path: str) -> None:
                                                          for a, b in zip(now_sectors, sectors, strict=True))
             sectors = now_sectors
             row["page_cache_gb"] = page_cache_gb()
-            read = storage_read_bytes(pids["spark"][0]) if pids["spark"][0] is not None else None
-            if read is not None and spark_read is not None and read >= spark_read:
-                row["spark_read_mb"] = round((read - spark_read) / 2**20, 1)
-            spark_read = read
+            spark = pids["spark"][0]
+            if spark is not None and (read := storage_read_bytes(spark)) is not None:
+                mb = read / 2**20
+                row["spark_read_mb"] = round(mb - before.get("spark_read_mb", mb), 1)
+                before["spark_read_mb"] = mb
             if client is not None:
                 try:
                     row["merges"] = client.execute("SELECT count(), sum(total_size_bytes_compressed), max(elapsed), "
