@@ -1,5 +1,7 @@
 """Once a second, what the whole machine does beside a benchmark: CPU (user, kernel, iowait, idle, in %), the CPU
-of the ClickHouse, Kafka and Spark processes (cores over that second), what the Spark process read from storage
+of the ClickHouse, Kafka and Spark processes (cores over that second), of the Spark process's by kind of thread
+(its tasks, RocksDB's flushes and compactions, the state stores' maintenance: snapshot uploads, and the garbage
+collector), what the Spark process read from storage
 (MB: page-cache misses, its state's files among them), the disks' reads and writes (MB), the page cache (GB), and
 ClickHouse's merges in progress (count, compressed bytes, longest elapsed seconds, rows read), one Python dict a
 line. Run it beside bench/freshness.py to see what a slow micro-batch coincided with; it finds the servers by their
@@ -24,10 +26,13 @@ from clickhouse_driver import Client
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
-from thread_cpu import process_cpu
+from thread_cpu import process_cpu, thread_cpus, thread_group
 
 PROCESSES = {"ch": r"clickhouse-server --config-file", "kafka": r"kafka\.Kafka|KafkaRaftServer",
              "spark": r"org\.apache\.spark\.deploy\.SparkSubmit"}
+# the Spark process's kinds of thread sampled apart (thread_cpu's groups), each line's key -> the group's label start
+SPARK_THREADS = {"spark_tasks": "Spark tasks", "spark_rocksdb": "RocksDB background",
+                 "spark_maintenance": "other: state-store-mai", "spark_gc": "garbage collector"}
 
 
 def find(pattern: str) -> tuple[int | None, str]:
@@ -71,6 +76,21 @@ def page_cache_gb() -> float:
     return round(int(kb.group(1)) / 2**20, 2) if kb else 0.0
 
 
+def spark_threads(pid: int, before: dict[int, float]) -> dict[str, float]:
+    """CPU seconds each of SPARK_THREADS's kinds of thread of the process ``pid`` used since ``before`` (tid -> CPU
+    seconds, updated; empty for a process not seen yet: its threads' totals start then). A thread born since counts
+    from zero."""
+    first = not before
+    out = dict.fromkeys(SPARK_THREADS, 0.0)
+    for tid, (name, cpu) in thread_cpus(pid).items():
+        group = thread_group(name)
+        kind = next((k for k, label in SPARK_THREADS.items() if group.startswith(label)), None)
+        if kind is not None:
+            out[kind] += cpu - before.get(tid, cpu if first else 0.0)
+        before[tid] = cpu
+    return {k: round(v, 2) for k, v in out.items()}
+
+
 def clickhouse_client(cmd: str) -> Client | None:
     conf = re.search(r"--config-file=(\S+)", cmd)
     port = re.search(r"<tcp_port>(\d+)</tcp_port>", Path(conf.group(1)).read_text()) if conf else None
@@ -80,6 +100,7 @@ def clickhouse_client(cmd: str) -> Client | None:
 def main(out_path: str) -> None:
     client: Client | None = None
     before: dict[str, float] = {}
+    spark_before: dict[int, float] = {}  # the Spark process's threads: tid -> CPU seconds at the last sample
     pids: dict[str, tuple[int | None, str]] = {}
     last = machine_ticks()
     sectors = disk_sectors()
@@ -92,6 +113,8 @@ def main(out_path: str) -> None:
                     pids[name] = find(pattern)
                     for counter in (name, f"{name}_read_mb"):  # a new process's counters start from zero
                         before.pop(counter, None)
+                    if name == "spark":
+                        spark_before.clear()
             if client is None and pids["ch"][0] is not None:
                 client = clickhouse_client(pids["ch"][1])
             now = machine_ticks()
@@ -114,6 +137,7 @@ def main(out_path: str) -> None:
                 mb = read / 2**20
                 row["spark_read_mb"] = round(mb - before.get("spark_read_mb", mb), 1)
                 before["spark_read_mb"] = mb
+                row |= spark_threads(spark, spark_before)
             if client is not None:
                 try:
                     row["merges"] = client.execute("SELECT count(), sum(total_size_bytes_compressed), max(elapsed), "
@@ -124,7 +148,7 @@ def main(out_path: str) -> None:
             out.flush()
 
 
-SUMMED = ("spark", "spark_read_mb", "disk_read_mb", "disk_write_mb", "iowait")
+SUMMED = ("spark", *SPARK_THREADS, "spark_read_mb", "disk_read_mb", "disk_write_mb", "iowait")
 
 
 def by_minute(path: Path, since: float) -> dict[int, dict[str, float]]:
@@ -151,10 +175,13 @@ def main_cli() -> None:
     if not a.by_minute:
         main(str(a.out))
         return
-    print("minute  Spark cores  Spark read MB/s  disk read MB/s  disk write MB/s  iowait %  page cache GB")
+    print("minute  Spark cores  of which: tasks  RocksDB  maintenance    GC  Spark read MB/s  disk read MB/s  "
+          "disk write MB/s  iowait %  page cache GB")
     for m, f in sorted(by_minute(a.out, a.since).items()):
-        print(f"{m:6d}  {f['spark'] / 60:11.2f}  {f['spark_read_mb'] / 60:15.1f}  {f['disk_read_mb'] / 60:14.1f}  "
-              f"{f['disk_write_mb'] / 60:15.1f}  {f['iowait'] / 60:8.1f}  {f['page_cache_gb']:13.2f}")
+        print(f"{m:6d}  {f['spark'] / 60:11.2f}  {f['spark_tasks'] / 60:15.2f}  {f['spark_rocksdb'] / 60:7.2f}  "
+              f"{f['spark_maintenance'] / 60:11.2f}  {f['spark_gc'] / 60:4.2f}  {f['spark_read_mb'] / 60:15.1f}  "
+              f"{f['disk_read_mb'] / 60:14.1f}  {f['disk_write_mb'] / 60:15.1f}  {f['iowait'] / 60:8.1f}  "
+              f"{f['page_cache_gb']:13.2f}")
 
 
 if __name__ == "__main__":

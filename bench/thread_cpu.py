@@ -57,6 +57,20 @@ def _stat(path: str) -> tuple[str, float] | None:
     return name, (int(fields[11]) + int(fields[12])) / _CLK
 
 
+def thread_group(name: str) -> str:
+    """The GROUPS label a thread's name belongs to; else "other: " and the name without its trailing number."""
+    return next((g for g, marks in GROUPS if any(m in name for m in marks)), "other: " + name.rstrip("0123456789#-"))
+
+
+def thread_cpus(pid: int) -> dict[int, tuple[str, float]]:
+    """tid -> (name, CPU seconds so far) of each live thread of one process; empty once it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return {}
+    return {int(tid): st for tid in tids if (st := _stat(f"/proc/{pid}/task/{tid}/stat")) is not None}
+
+
 def process_cpu(pid: int) -> float | None:
     """CPU seconds one process has used so far; None once it is gone."""
     st = _stat(f"/proc/{pid}/stat")
@@ -81,13 +95,8 @@ class ThreadCpu(threading.Thread):
 
     def sample(self) -> None:
         for pid in descendants(self.root):
-            try:
-                tids = os.listdir(f"/proc/{pid}/task")
-            except OSError:
-                continue
-            for tid in tids:
-                if (st := _stat(f"/proc/{pid}/task/{tid}/stat")) is not None:
-                    self.seen[(pid, int(tid))] = st
+            for tid, st in thread_cpus(pid).items():
+                self.seen[(pid, tid)] = st
 
     def run(self) -> None:
         while not self._done.wait(self.interval):
@@ -104,8 +113,7 @@ class ThreadCpu(threading.Thread):
     def by_group(self) -> dict[str, float]:
         out: dict[str, float] = {}
         for name, cpu in self.seen.values():
-            group = next((g for g, marks in GROUPS if any(m in name for m in marks)),
-                         "other: " + name.rstrip("0123456789#-"))
+            group = thread_group(name)
             out[group] = out.get(group, 0.0) + cpu
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
