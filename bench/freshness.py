@@ -380,7 +380,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "warmup_rate": warmup_rate, "settle": settle,
                 "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
                 "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
-                "scattered_keys": scattered_keys,
+                "scattered_keys": scattered_keys, "spark_conf": spark_conf,  # --spark-conf's settings, {} without
                 "landed": len(lat), "exact": exact, "p50": p50, "p95": p95, "p99": p99, "max": slowest,
                 "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,

@@ -52,6 +52,13 @@ def keys_suffix(run: dict[str, Any]) -> str:
     return ", keys scattered" if run.get("scattered_keys") else ""
 
 
+def conf_suffix(run: dict[str, Any]) -> str:
+    """", name=value" after a run's name for each ``--spark-conf`` setting it ran with (the last part of the name:
+    ``compression=none``), else nothing."""
+    settings = sorted((run.get("spark_conf") or {}).items())
+    return "".join(f", {name.rsplit('.', 1)[-1]}={value}" for name, value in settings)
+
+
 def worst_minute_rise(run: dict[str, Any]) -> float:
     """How far the slowest whole minute's median latency rose above the run's first fifth's, in seconds (0 for a run
     without its minutes; a last minute cut short by the run's end does not count)."""

@@ -15,7 +15,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from freshness_runs import cpu_us_per_event, freshness_runs, kept_up, keys_suffix, replicas_suffix, window_of
+from freshness_runs import (
+    conf_suffix,
+    cpu_us_per_event,
+    freshness_runs,
+    kept_up,
+    keys_suffix,
+    replicas_suffix,
+    window_of,
+)
 
 
 def spaced(n: float) -> str:
@@ -34,7 +42,7 @@ def variant_cell(run: dict[str, Any]) -> str:
     """The variant, what its rates count (the join's: matched pairs), its replicas if more than one, and its keys if
     scattered."""
     cell = "join (a matched pair: 2 records)" if run["variant"] == "join" else run["variant"]
-    return cell + replicas_suffix(run.get("replicas", 1)) + keys_suffix(run)
+    return cell + replicas_suffix(run.get("replicas", 1)) + keys_suffix(run) + conf_suffix(run)
 
 
 def row(run: dict[str, Any]) -> str:

@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 
 from freshness_runs import (
+    conf_suffix,
     cpu_us_per_event,
     delivered_rate,
     freshness_runs,
@@ -49,7 +50,7 @@ def series_name(r: dict[str, Any]) -> str:
             "statestore-probe": "dedup per Kafka partition (probe, Spark's state store; 8366640)",
             "dedup-partition": "dedup, perKafkaPartition",
             "join": "join (rates in matched pairs)"}.get(variant, "dedup")
-    keys = keys_suffix(r)
+    keys = keys_suffix(r) + conf_suffix(r)
     replicas = replicas_suffix(r.get("replicas", 1))
     return f"{what}{replicas}, {r.get('trigger', '1s')} trigger, {window_of(r)} window{keys}, {warm}"
 
