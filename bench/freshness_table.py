@@ -39,8 +39,8 @@ def settings(run: dict[str, Any]) -> str:
 
 
 def variant_cell(run: dict[str, Any]) -> str:
-    """The variant, what its rates count (the join's: matched pairs), its replicas if more than one, and its keys if
-    scattered."""
+    """The variant, what its rates count (the join's: matched pairs), its replicas if more than one, its keys if
+    scattered, and its ``--spark-conf`` settings."""
     cell = "join (a matched pair: 2 records)" if run["variant"] == "join" else run["variant"]
     return cell + replicas_suffix(run.get("replicas", 1)) + keys_suffix(run) + conf_suffix(run)
 

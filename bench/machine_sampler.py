@@ -1,5 +1,5 @@
 """Once a second, what the whole machine does beside a benchmark: CPU (user, kernel, iowait, idle, in %), the CPU
-of the ClickHouse, Kafka and Spark processes (cores over that second), of the Spark process's by kind of thread
+of the ClickHouse, Kafka and Spark processes (cores over that second), of the Spark process's threads by kind
 (its tasks, RocksDB's flushes and compactions, the state stores' maintenance: snapshot uploads, and the garbage
 collector), what the Spark process read from storage
 (MB: page-cache misses, its state's files among them), the disks' reads and writes (MB), the page cache (GB), and
@@ -82,12 +82,14 @@ def spark_threads(pid: int, before: dict[int, float]) -> dict[str, float]:
     from zero."""
     first = not before
     out = dict.fromkeys(SPARK_THREADS, 0.0)
-    for tid, (name, cpu) in thread_cpus(pid).items():
+    threads = thread_cpus(pid)
+    for tid, (name, cpu) in threads.items():
         group = thread_group(name)
         kind = next((k for k, label in SPARK_THREADS.items() if group.startswith(label)), None)
         if kind is not None:
             out[kind] += cpu - before.get(tid, cpu if first else 0.0)
-        before[tid] = cpu
+    before.clear()  # the live threads only: an ended thread's id is not kept for hours
+    before.update((tid, cpu) for tid, (_, cpu) in threads.items())
     return {k: round(v, 2) for k, v in out.items()}
 
 
