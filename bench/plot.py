@@ -226,6 +226,14 @@ def live_keys_axis(ax: Any, runs: list[dict[str, Any]]) -> None:
     top.set_xlabel("live dedup keys at the minute's end, millions (none expire)", fontsize=8)
 
 
+def latency_scale(runs: list[dict[str, Any]]) -> str:
+    """``log`` where the slowest minute's p99 is over ten times the fastest minute's p50 (a run far behind, at
+    tens of seconds, would press the runs that held into the bottom of a linear axis), else ``linear``."""
+    p50s = [p50 for r in runs for _, p50, _, _ in r["by_minute"]]
+    p99s = [p99 for r in runs for *_, p99 in r["by_minute"]]
+    return "log" if min(p50s) > 0 and max(p99s) > 10 * min(p50s) else "linear"
+
+
 def plot_by_minute(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
     """Each run's p50 and p99 by minute of its measured window (freshness.py's ``by_minute``), a colour a run: whether
     a long run held flat, and from when it did not."""
@@ -241,16 +249,23 @@ def plot_by_minute(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str,
                 label=f"p50, {name}")
         ax.plot(minutes, [p99 for *_, p99 in r["by_minute"]], "^:", markersize=3, color=f"C{i}",
                 label=f"p99, {name}")
-    from matplotlib.ticker import MaxNLocator
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.set_xlabel("minute of the measured window")
     live_keys_axis(ax, timed)
     ax.set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
-    ax.set_ylim(bottom=0)
+    scale = latency_scale(timed)
+    ax.set_yscale(scale)
+    if scale == "linear":
+        ax.set_ylim(bottom=0)
+    else:  # seconds as 1, 2, 5, 10, 20, ... rather than powers of ten alone
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_title("latency percentiles by minute" + suffix, fontsize=9)
     below(ax, 7)
-    ax.grid(alpha=0.3)
+    ax.grid(alpha=0.3, which="both")
     fig.savefig(out / f"latency-by-minute{tag}.png", dpi=100, bbox_inches="tight")
     return [out / f"latency-by-minute{tag}.png"]
 
