@@ -25,3 +25,8 @@ def test_a_run_far_behind_beside_one_that_held_gets_a_log_axis() -> None:
     behind = by_minute((1.7, 3.0), (40.0, 60.0), (88.8, 95.4))
     assert latency_scale([held, behind]) == "log"
     assert latency_scale([held]) == "linear"
+
+
+def test_a_p99_spike_alone_keeps_the_linear_axis() -> None:
+    spiked = by_minute((1.2, 2.0), (2.7, 30.0), (1.3, 2.4))
+    assert latency_scale([spiked]) == "linear"
