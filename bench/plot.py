@@ -234,6 +234,21 @@ def latency_scale(runs: list[dict[str, Any]]) -> str:
     return "log" if min(p50s) > 0 and max(p50s) > 10 * min(p50s) else "linear"
 
 
+def latency_axis(ax: Any, runs: list[dict[str, Any]]) -> None:
+    """The y axis of latency by minute: linear from zero, or log with seconds as 1, 2, 5, 10, 20 ... where
+    ``latency_scale`` says a run fell far behind."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    ax.set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
+    if latency_scale(runs) == "linear":
+        ax.set_ylim(bottom=0)
+        return
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
+
 def plot_by_minute(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
     """Each run's p50 and p99 by minute of its measured window (freshness.py's ``by_minute``), a colour a run: whether
     a long run held flat, and from when it did not."""
@@ -249,20 +264,12 @@ def plot_by_minute(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str,
                 label=f"p50, {name}")
         ax.plot(minutes, [p99 for *_, p99 in r["by_minute"]], "^:", markersize=3, color=f"C{i}",
                 label=f"p99, {name}")
-    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+    from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, steps=[1, 2, 5, 10]))
     ax.set_xlabel("minute of the measured window")
     live_keys_axis(ax, timed)
-    ax.set_ylabel("end-to-end latency, s (produce to visible in ClickHouse)")
-    scale = latency_scale(timed)
-    ax.set_yscale(scale)
-    if scale == "linear":
-        ax.set_ylim(bottom=0)
-    else:  # seconds as 1, 2, 5, 10, 20, ... rather than powers of ten alone
-        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+    latency_axis(ax, timed)
     ax.set_title("latency percentiles by minute" + suffix, fontsize=9)
     below(ax, 7)
     ax.grid(alpha=0.3, which="both")

@@ -14,7 +14,7 @@ def by_minute(*p50_p99: tuple[float, float]) -> dict[str, object]:
     return {"by_minute": [[m, p50, p50 * 1.2, p99] for m, (p50, p99) in enumerate(p50_p99)]}
 
 
-def test_runs_that_held_keep_a_linear_axis_from_zero() -> None:
+def test_runs_that_held_keep_a_linear_axis() -> None:
     held = by_minute((1.1, 1.8), (1.2, 2.1), (1.3, 4.9))
     other = by_minute((1.0, 1.6), (1.4, 3.7))
     assert latency_scale([held, other]) == "linear"
