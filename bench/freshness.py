@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_check import check_every_event, check_exact
-from freshness_runs import EXAMPLE_WINDOW
+from freshness_runs import EXAMPLE_WINDOW, keys_outlive_run
 from job_log import JobLog
 from join_stream import EXAMPLE_JOIN_WINDOW, RECORDS_A_PAIR, PairWorkload, check_joined, join_pipeline_file, users_topic
 from profile_summary import STACK_DEPTH
@@ -375,6 +375,13 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         if costs:
             print("  by fifth of the batches with data, the trigger's us an input row (median rows a batch): "
                   + "; ".join(f"{us:.1f} ({rows})" for us, rows in costs), flush=True)
+        # a state that only grows (no key expires; one replica reads every row): what a row costs as it does
+        grows = replicas == 1 and variant in DEDUPLICATING and keys_outlive_run(
+            parse_duration_ms(window or EXAMPLE_WINDOW) / 1000, seconds)
+        by_keys = job_log.cost_by_live_keys(workload.firsts) if grows else []
+        if len(by_keys) > 1:
+            print("  by ten million live keys (none expired), the trigger's us an input row: " + "; ".join(
+                f"to {upto / 1e6:.0f} M {us:.1f}" for upto, us in by_keys), flush=True)
         return {"variant": variant, "replicas": replicas, "offered": got["rate"] / per, "seconds": got["seconds"],
                 "began": began,  # epoch s the measured window began: bench/machine_sampler.py --by-minute --since
                 "warmup_rate": warmup_rate, "settle": settle,
@@ -385,6 +392,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 "first_fifth": early,
                 "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,
                 "trigger_us_per_row_by_fifth": costs,
+                "trigger_us_per_row_by_live_keys": by_keys,  # [keys up to, us a row]; [] where keys expire
                 # [minute, p50, p95, p99] of the measured window's rows by the minute they were sent: a long run's shape
                 "by_minute": [[m, *percentiles] for m, percentiles in minutes.items()],
                 # first occurrences in all, seen by the end of the wait, and of the measured window's events

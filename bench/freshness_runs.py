@@ -19,6 +19,8 @@ DRAIN_OVER_P99 = 3.0
 DRAIN_FLOOR_S = 2.0
 # deduplication.window of the sms-dedup example, which a run without --window keeps (its "window" is then null)
 EXAMPLE_WINDOW = "5m"
+# A run's warm-up and catch-up take at most this long beyond its measured window
+WARMUP_ALLOWANCE_S = 600
 
 
 def load(paths: list[Path]) -> list[dict[str, Any]]:
@@ -39,6 +41,12 @@ def freshness_runs(paths: list[Path]) -> list[dict[str, Any]]:
 def window_of(run: dict[str, Any]) -> str:
     """The run's deduplication window."""
     return str(run.get("window") or EXAMPLE_WINDOW)
+
+
+def keys_outlive_run(window_s: float | None, seconds: float) -> bool:
+    """Whether no deduplication key expires during a run of ``seconds`` measured (its warm-up allowed for): every key
+    made is live at the end, so the state's size is the keys made so far."""
+    return window_s is not None and window_s >= seconds + WARMUP_ALLOWANCE_S
 
 
 def replicas_suffix(replicas: int) -> str:

@@ -58,6 +58,22 @@ class JobLog:
                  statistics.median(jobs[b][0] * 1000 for b, _ in part),
                  statistics.median(jobs[b][1] * 1000 for b, _ in part)) for part in fifths(rows)]
 
+    def cost_by_live_keys(self, firsts: int, step: int = 10_000_000) -> list[tuple[int, float]]:
+        """For each ``step`` of live deduplication keys, the trigger's µs an input row of the batches that started
+        there: whether a row costs more as the state grows. The keys before a batch are the rows read before it times
+        the share of first occurrences (``firsts`` of all the rows the job read), so only where no key expired and
+        every row was read once (a fresh run, no replay). Each entry is (the step's upper bound, µs a row)."""
+        rows = [(n, float(d.get("triggerExecution", 0))) for _, n, d in self.progress if n > 0]
+        share = firsts / max(sum(n for n, _ in rows), 1)
+        steps: dict[int, tuple[float, int]] = {}
+        read = 0
+        for n, ms in rows:
+            at = int(read * share) // step
+            total_ms, total_rows = steps.get(at, (0.0, 0))
+            steps[at] = (total_ms + ms, total_rows + n)
+            read += n
+        return [((at + 1) * step, 1000 * ms / n) for at, (ms, n) in sorted(steps.items())]
+
     def cost_by_fifth(self, first: int) -> list[tuple[float, int]]:
         """For each fifth of the batches from ``first`` on that read records: the trigger's µs an input row over
         them and their median rows a batch. A pipeline behind takes larger batches, each longer (up to

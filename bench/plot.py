@@ -28,6 +28,7 @@ from freshness_runs import (
     delivered_rate,
     freshness_runs,
     kept_up,
+    keys_outlive_run,
     keys_suffix,
     replicas_suffix,
     window_of,
@@ -217,8 +218,7 @@ def live_keys_axis(ax: Any, runs: list[dict[str, Any]]) -> None:
                (first.get("firsts"), first.get("firsts_measured"), round(first["seconds"])) for r in runs)
     if not same or not first.get("firsts") or not all(r.get("variant", "dedup").startswith("dedup") for r in runs):
         return
-    # every key still live at the end: the window outlasts the run and a warm-up of up to ten minutes
-    if any((window_s(r) or 0) < r["seconds"] + 600 for r in runs):
+    if not all(keys_outlive_run(window_s(r), r["seconds"]) for r in runs):
         return
     warm, per_minute = first["firsts"] - first["firsts_measured"], first["firsts_measured"] * 60 / first["seconds"]
     top = ax.secondary_xaxis("top", functions=(lambda m: (warm + (m + 1) * per_minute) / 1e6,

@@ -33,3 +33,15 @@ def test_batches_before_the_first_measured_or_too_few_give_nothing_by_fifth() ->
     log = log_of([(50_000, 1_000.0)] * 6)
     assert log.cost_by_fifth(2) == []
     assert len(log.cost_by_fifth(1)) == 5
+
+
+def test_the_cost_a_row_by_live_keys_counts_the_keys_before_each_batch() -> None:
+    # 40 rows a batch, a quarter of them first occurrences: 10 new keys a batch, 80 keys after the 8 batches
+    batches = [(40, 400.0)] * 4 + [(40, 800.0)] * 3 + [(0, 50.0)] + [(40, 1_200.0)]
+    by_keys = log_of(batches).cost_by_live_keys(firsts=80, step=30)
+    # keys before the batches: 0, 10, 20 | 30, 40, 50 | 60, 70 (the empty batch reads nothing and does not count)
+    assert by_keys == [(30, 10_000.0), (60, 1000 * 2_000.0 / 120), (90, 1000 * 2_000.0 / 80)]
+
+
+def test_a_state_that_grew_by_one_batch_is_one_step() -> None:
+    assert log_of([(50_000, 1_000.0)]).cost_by_live_keys(firsts=45_000) == [(10_000_000, 20.0)]
