@@ -58,12 +58,16 @@ class JobLog:
                  statistics.median(jobs[b][0] * 1000 for b, _ in part),
                  statistics.median(jobs[b][1] * 1000 for b, _ in part)) for part in fifths(rows)]
 
+    def batches_read(self, first: int = 0) -> list[tuple[int, float]]:
+        """(input rows, the trigger's ms) of each batch from ``first`` on that read records, in order."""
+        return [(n, float(d.get("triggerExecution", 0))) for b, n, d in self.progress if b >= first and n > 0]
+
     def cost_by_live_keys(self, firsts: int, step: int = 10_000_000) -> list[tuple[int, float]]:
         """For each ``step`` of live deduplication keys, the trigger's µs an input row of the batches that started
         there: whether a row costs more as the state grows. The keys before a batch are the rows read before it times
         the share of first occurrences (``firsts`` of all the rows the job read), so only where no key expired and
         every row was read once (a fresh run, no replay). Each entry is (the step's upper bound, µs a row)."""
-        rows = [(n, float(d.get("triggerExecution", 0))) for _, n, d in self.progress if n > 0]
+        rows = self.batches_read()
         share = firsts / max(sum(n for n, _ in rows), 1)
         steps: dict[int, tuple[float, int]] = {}
         read = 0
@@ -78,6 +82,6 @@ class JobLog:
         """For each fifth of the batches from ``first`` on that read records: the trigger's µs an input row over
         them and their median rows a batch. A pipeline behind takes larger batches, each longer (up to
         ``maxOffsetsPerTrigger`` rows): their ms alone read as a cost that grew, their µs a row tell whether it did."""
-        rows = [(n, float(d.get("triggerExecution", 0))) for b, n, d in self.progress if b >= first and n > 0]
+        rows = self.batches_read(first)
         return [(1000 * sum(ms for _, ms in part) / sum(n for n, _ in part), int(statistics.median(n for n, _ in part)))
                 for part in fifths(rows)]
