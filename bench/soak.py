@@ -23,6 +23,7 @@ It prints a table (events in, rows, dead letters per reason, faults injected) an
 mismatch.
 
     python bench/soak.py --minutes 20 --rate 300
+    python bench/soak.py --minutes 15 --rate 2000 --engine own-state
 """
 
 from __future__ import annotations
@@ -192,8 +193,14 @@ def outage(server: KafkaServer | ClickHouseServer, seconds: float, what: str, fa
     return down
 
 
-def pipeline(tmp: Path, topic: str, name: str) -> Path:
-    return sms_dedup_pipeline(tmp, name, topic, max_offsets=20_000, max_rows=5_000)
+ENGINES = ("default", "own-state", "per-kafka-partition")  # deduplication's engines (docs/semantics.md)
+
+
+def pipeline(tmp: Path, topic: str, name: str, engine: str) -> Path:
+    """The sms-dedup pipeline with ``engine``'s deduplication; the producer keys records by ``sms_id``, so a
+    topic partitioned by the key, as ``perKafkaPartition`` requires."""
+    return sms_dedup_pipeline(tmp, name, topic, max_offsets=20_000, max_rows=5_000,
+                              own_state=engine == "own-state", per_kafka_partition=engine == "per-kafka-partition")
 
 
 def lag(kafka: KafkaServer, group: str, topic: str) -> int | None:
@@ -292,6 +299,8 @@ def main() -> int:
     parser.add_argument("--rate", type=float, default=300.0, help="events/s offered")
     parser.add_argument("--seed", type=int, default=14)
     parser.add_argument("--kill-every", type=float, default=75.0, help="mean seconds between replica SIGKILLs")
+    parser.add_argument("--engine", choices=ENGINES, default="default",
+                        help="deduplication's engine: the default, deduplication.ownState or .perKafkaPartition")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     duration = args.minutes * 60
@@ -303,7 +312,7 @@ def main() -> int:
         topic = name
         kafka.create_topic(topic, PARTITIONS)
         kafka.create_topic(f"{topic}-dlq", 1)
-        path = pipeline(tmp, topic, name)
+        path = pipeline(tmp, topic, name, args.engine)
         group = f"glasspipe.default.{name}"
         t0 = time.monotonic()
         producing = Producing(kafka.bootstrap, topic, args.rate, args.seed)
@@ -354,6 +363,7 @@ def main() -> int:
         rows = [
             ("duration", f"{args.minutes:g} min of input, {elapsed / 60:.1f} min in all (with the drain)"),
             ("offered rate", f"{args.rate:.0f} events/s"),
+            ("deduplication engine", args.engine),
             ("events in (input topic)", f"{report['input records']}: {report['first occurrences']} first "
              f"occurrences, {report['repeats']} repeats, {report['malformed in']} malformed, "
              f"{report['far-future in']} far-future"),
