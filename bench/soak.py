@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from soak_recovery import recoveries, recovery_table
 from workload import Workload
 
 from glasspipe_dev.clickhouse import ClickHouseServer
@@ -56,6 +57,7 @@ from glasspipe_dev.process import ServerProcess
 PARTITIONS = 6
 MALFORMED_EVERY = 400  # one broken record per this many events
 FUTURE_EVERY = 700  # one far-future record (year 2099) per this many events
+RECOVERED_S = 3.0  # a group within this many seconds of input has caught up (a 1 s trigger, a batch, its commit)
 
 
 @dataclass
@@ -66,11 +68,32 @@ class Faults:
     kafka_down: list[float] = field(default_factory=list)
     rescales: list[str] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+    marks: list[tuple[float, str]] = field(default_factory=list)  # each fault: seconds from the start, what
 
-    def note(self, t0: float, what: str) -> None:
-        line = f"{time.monotonic() - t0:7.1f} s  {what}"
+    def note(self, t0: float, what: str, fault: bool = False) -> None:
+        at = time.monotonic() - t0
+        line = f"{at:7.1f} s  {what}"
         self.log.append(line)
+        if fault:
+            self.marks.append((at, what.split(":")[0]))
         print(line, flush=True)
+
+
+class LagWatch(threading.Thread):
+    """The consumer group's lag every ``every`` seconds, apart from the fault loop (a lag read waits while Kafka
+    is down); samples where Kafka did not answer are left out."""
+
+    def __init__(self, kafka: KafkaServer, group: str, topic: str, t0: float, every: float = 2.0) -> None:
+        super().__init__(daemon=True)
+        self.kafka, self.group, self.topic, self.t0, self.every = kafka, group, topic, t0, every
+        self.samples: list[tuple[float, int]] = []
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.wait(self.every):
+            behind = lag(self.kafka, self.group, self.topic)
+            if behind is not None:
+                self.samples.append((time.monotonic() - self.t0, behind))
 
 
 class Producing(threading.Thread):
@@ -150,6 +173,7 @@ class Replicas:
 
     def rescale(self, n: int) -> None:
         old = self.n
+        self.faults.note(self.t0, f"rescaling {old} -> {n}", fault=True)
         self.stop_all()
         self.start(n)
         self.faults.rescales.append(f"{old} -> {n}")
@@ -162,7 +186,7 @@ class Replicas:
             i = rng.randrange(len(self.procs))
             self.procs[i].kill()
         self.faults.replica_kills += 1
-        self.faults.note(self.t0, f"SIGKILL replica {i} of {self.n}")
+        self.faults.note(self.t0, f"SIGKILL replica {i} of {self.n}", fault=True)
         time.sleep(rng.uniform(2, 6))
         with self.lock:
             if self.procs and not self.procs[i].alive():
@@ -175,7 +199,7 @@ class Replicas:
                 if not p.alive():
                     self.faults.replica_exits += 1
                     self.faults.note(self.t0, f"replica {i} of {self.n} exited by itself; restarted:\n"
-                                     + p.log_tail(8))
+                                     + p.log_tail(8), fault=True)
                     self.procs[i] = self._start_one(i)
 
 
@@ -183,7 +207,7 @@ def outage(server: KafkaServer | ClickHouseServer, seconds: float, what: str, fa
     """Stop a server (SIGTERM; a shutdown that hangs is killed), keep it down ``seconds`` after it stopped,
     start it again; returns how long its port was closed to clients (from the stop signal to ready)."""
     began = time.monotonic()
-    faults.note(t0, f"{what} stopping")
+    faults.note(t0, f"{what} stopping", fault=True)
     server.stop()
     faults.note(t0, f"{what} stopped")
     time.sleep(seconds)
@@ -317,6 +341,8 @@ def main() -> int:
         t0 = time.monotonic()
         producing = Producing(kafka.bootstrap, topic, args.rate, args.seed)
         producing.start()
+        watch = LagWatch(kafka, group, topic, t0)
+        watch.start()
         replicas = Replicas(tmp, path, kafka, ch, faults, t0)
         replicas.start(2)
         faults.note(t0, f"started: 2 replicas, {args.rate:.0f} events/s for {args.minutes:g} min")
@@ -354,8 +380,12 @@ def main() -> int:
             time.sleep(5)  # the last batch's rows are committed before its offsets: nothing is in flight now
             faults.note(t0, f"consumer-group lag {lag(kafka, group, topic)}; stopping the replicas")
         finally:
+            watch.stop_event.set()
             replicas.stop_all()
         elapsed = time.monotonic() - t0
+        found = recoveries(faults.marks, watch.samples, int(RECOVERED_S * args.rate), elapsed)
+        behind = sorted(n for _, n in watch.samples)
+        median_lag = behind[len(behind) // 2] if behind else 0
         ok, report = check(kafka, ch, topic, name.replace("-", "_"))
         if producing.failed:
             ok = False
@@ -378,6 +408,8 @@ def main() -> int:
             ("Kafka restarts", f"{len(faults.kafka_down)} (down {', '.join(f'{d:.0f}' for d in faults.kafka_down)} s: "
              "stop, 30 s, start)"),
             ("rescales", ", ".join(faults.rescales)),
+            ("consumer-group lag, every 2 s", f"median {median_lag} records ({median_lag / args.rate:.1f} s of input), "
+             f"peak {behind[-1] if behind else 0}"),
             ("exact", "yes" if ok else "NO: " + "; ".join(report["problems"])),
         ]
         print()
@@ -385,6 +417,8 @@ def main() -> int:
         print("|---|---|")
         for k, v in rows:
             print(f"| {k} | {v} |")
+        print()
+        print("\n".join(recovery_table(found, RECOVERED_S)))
         print()
         print(f"finished {datetime.now(UTC).isoformat(timespec='seconds')}")
         return 0 if ok else 1
