@@ -37,7 +37,7 @@ from glasspipe_job.config import JobConfig
 from glasspipe_job.freshness import epoch_micros
 from glasspipe_job.handover import CheckpointFiles, Offsets, left_closed_through_ms, merge_offsets, records_between
 from glasspipe_job.jvm import set_batch_watermark
-from glasspipe_job.kafka_offsets import ConsumerGroup
+from glasspipe_job.kafka_offsets import ConsumerGroup, not_behind
 from glasspipe_job.metrics import JobMetrics
 from glasspipe_job.transform import (
     DUPLICATE,
@@ -137,14 +137,15 @@ class BatchWriter:
     def __init__(self, config: JobConfig, sink: ClickHouseSink, dead_letters: DeadLetters,
                  groups: list[ConsumerGroup], metrics: JobMetrics, checkpoint: str, batch_bound: int = 0,
                  first_start: Offsets | None = None, one_part: bool = False,
-                 row_counts: Callable[[], dict[str, int]] | None = None) -> None:
+                 row_counts: Callable[[], dict[str, int]] | None = None, resume: Offsets | None = None) -> None:
         """``batch_bound``: the records of the largest batch (maxOffsetsPerTrigger); a batch known to be smaller
         is taken in fewer, larger parts (arrow_parts.partitions_per_part). 0: one Spark partition per part (a
         join, whose output may outgrow its input). ``first_start``: where the checkpoint's batch 0 starts (the
         hand-over's ``read_from``, persisted, so a replay sizes it alike); Kafka's "earliest"/"latest" (-2/-1)
         there count as offset 0 at most, which can only overstate the batch, never understate it. ``one_part``:
         every batch in one part (arrow_parts.arrow_partitions). ``row_counts``: the counts of what was read so far,
-        for a plan whose operator counts them instead of ``observe`` (jvm.partition_dedup_counts)."""
+        for a plan whose operator counts them instead of ``observe`` (jvm.partition_dedup_counts). ``resume``: the
+        hand-over's, where the rows its predecessors wrote end; the consumer group is never committed below it."""
         self.config = config
         self.one_part = one_part
         self.row_counts = row_counts
@@ -156,6 +157,7 @@ class BatchWriter:
         self.sink = sink
         self.dead_letters = dead_letters
         self.groups = groups
+        self.resume: Offsets = resume or {}
         self.metrics = metrics
         self.checkpoint = checkpoint
         self.failure: Exception | None = None  # the error a micro-batch raised (see __call__)
@@ -203,7 +205,7 @@ class BatchWriter:
             self.metrics.observe_commit(time.time(), seen.kafka_micros(), seen.event_micros())
         for group, source_offsets in zip(self.groups, offsets, strict=False):
             try:
-                group.commit({t: {int(p): o for p, o in parts.items()} for t, parts in source_offsets.items()})
+                group.commit(not_behind(source_offsets, self.resume))
             except RuntimeError as e:  # offsets are also in the checkpoint: the next batch commits again
                 log.warning("%s", e)
         m = self.metrics

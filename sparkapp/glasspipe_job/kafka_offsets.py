@@ -8,8 +8,8 @@ the pipeline's real lag, and a replica that takes over partitions starts where t
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -46,6 +46,15 @@ def fallback_offset(starting_offsets: str) -> int:
 def owned_partitions(partitions: Iterable[int], replica: int, replicas: int) -> list[int]:
     """Replica i of N owns partitions p with p mod N == i: deterministic, disjoint, covering."""
     return sorted(p for p in partitions if p % replicas == replica)
+
+
+def not_behind(offsets: Mapping[str, Mapping[Any, int]], floor: Mapping[str, Mapping[int, int]]
+               ) -> dict[str, dict[int, int]]:
+    """A batch's end offsets, each raised to ``floor``'s for its partition. A new writer's first batches re-read
+    records its predecessors wrote (the warm-up) and end before where it resumes; committing those would move the
+    group back by up to a window and show that as lag to every tool that reads it (and to autoscalers)."""
+    return {t: {int(p): max(int(o), floor.get(t, {}).get(int(p), int(o))) for p, o in parts.items()}
+            for t, parts in offsets.items()}
 
 
 class ConsumerGroup:

@@ -327,7 +327,8 @@ def start_pipeline(spark: SparkSession, config: JobConfig, available_now: bool =
     writer = BatchWriter(config, sink, DeadLetters(dl_conf, dl.topic, f"{config.namespace}/{config.pipeline}"),
                          [a.group for a in assignments], metrics, config.checkpoint_dir, bound, decision.read_from,
                          one_part=partitioned and per_kafka_partition(spec.sources[0]),
-                         row_counts=(lambda: partition_dedup_counts(spark, root)) if partitioned else None)
+                         row_counts=(lambda: partition_dedup_counts(spark, root)) if partitioned else None,
+                         resume=decision.resume)
     collected = writer.collected(out)
     if partitioned:
         collected = watermark_after_output(collected, spec.sources[0])

@@ -201,6 +201,40 @@ def test_rescale_1_3_2_with_a_replica_killed_during_the_rescale(
     assert any("read from" in w for w in warmups)
 
 
+def test_the_group_never_moves_back_while_a_new_layout_warms_up(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """1 -> 2 replicas: each new replica re-reads the dedup window before where it resumes, in batches of 3 000
+    records that end before it. The group's committed offsets, which tools read as the pipeline's progress (lag
+    exporters, autoscalers), stay at or past where the first layout left them all the while."""
+    s = Stream(tmp_path, kafka, clickhouse)
+    s.produce(new=15_000, repeats=3_000)
+    jobs = [s.start(1, 0)]
+    try:
+        s.wait_drained(jobs)
+    finally:
+        stop_all(jobs)
+    group = f"glasspipe.default.{s.name}"
+    left = {p: committed for p, (committed, _) in group_lag(kafka.bootstrap, group, s.topic).items()}
+    s.produce(new=600, repeats=600)
+    jobs = [s.start(2, i) for i in range(2)]
+    lowest = dict(left)
+    try:
+        deadline = time.monotonic() + 300
+        while s.lag() > 0:
+            assert all(job.alive() for job in jobs) and time.monotonic() < deadline, jobs[0].log_tail(40)
+            for p, (committed, _) in group_lag(kafka.bootstrap, group, s.topic).items():
+                lowest[p] = min(lowest[p], committed)
+            time.sleep(0.1)
+    finally:
+        stop_all(jobs)
+    s.assert_exact()
+    starts = [line.split(" resume ", 1)[1].split(", read from ") for f in tmp_path.glob("r*of2.log")
+              for line in f.read_text().splitlines() if "new checkpoint" in line]
+    assert len(starts) == 2 and all(resume != read_from for resume, read_from in starts), starts  # both warmed up
+    assert lowest == left, f"the group moved back: {lowest} against {left} where the first layout stopped"
+
+
 def test_returning_to_an_earlier_layout_writes_nothing_twice(
     tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
 ) -> None:

@@ -22,7 +22,7 @@ from glasspipe_job.handover import (
     resumable,
     warmup_lookback_ms,
 )
-from glasspipe_job.kafka_offsets import EARLIEST, owned_partitions
+from glasspipe_job.kafka_offsets import EARLIEST, not_behind, owned_partitions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -113,6 +113,13 @@ def test_ownership_is_disjoint_and_covering(n: int) -> None:
     parts = list(range(12))
     owned = [owned_partitions(parts, i, n) for i in range(n)]
     assert sorted(p for o in owned for p in o) == parts
+
+
+def test_a_warm_up_batch_commits_no_offset_below_the_resume_point() -> None:
+    resume = {"t": {0: 500, 1: 40}}
+    # the offset log's partitions are strings; a warm-up batch ends at 120 on partition 0, before its resume (500)
+    assert not_behind({"t": {"0": 120, "1": 90}}, resume) == {"t": {0: 500, 1: 90}}
+    assert not_behind({"u": {"3": 7}}, resume) == {"u": {3: 7}}  # no floor for a partition the hand-over lacks
 
 
 def test_a_checkpoint_is_resumed_only_with_its_record_and_while_not_overtaken() -> None:
