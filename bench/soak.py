@@ -20,7 +20,8 @@ the script reads the whole input topic back and checks, record by record:
 - dead letters repeated by their at-least-once delivery are counted apart (docs/semantics.md).
 
 It prints a table (events in, rows, dead letters per reason, faults injected) and exits 1 on any
-mismatch.
+mismatch; then, from the consumer group's lag read every 2 s, each fault's peak lag and how long the group took
+to be back within 3 s of input (soak_recovery.py).
 
     python bench/soak.py --minutes 20 --rate 300
     python bench/soak.py --minutes 15 --rate 2000 --engine own-state
@@ -75,7 +76,7 @@ class Faults:
         line = f"{at:7.1f} s  {what}"
         self.log.append(line)
         if fault:
-            self.marks.append((at, what.split(":")[0]))
+            self.marks.append((at, what.splitlines()[0].rstrip(":")))  # a replica's exit has its log below
         print(line, flush=True)
 
 
