@@ -17,6 +17,7 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, TopicPartition
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce, start_continuous, write_pipeline
@@ -36,6 +37,7 @@ class Stream:
         suffix = uuid.uuid4().hex[:8]
         self.kafka, self.ch, self.tmp = kafka, ch, tmp_path
         self.name, self.topic, self.table = f"rep-{suffix}", f"rep-{suffix}", f"rep_{suffix}"
+        self.group = default_consumer_group("default", self.name)  # `glasspipe run`'s namespace is "default"
         kafka.create_topic(self.topic, PARTITIONS)
         kafka.create_topic(f"{self.topic}-dlq", 1)
         doc = load_example("sms-dedup.yaml")
@@ -97,10 +99,12 @@ class Stream:
         self.started.append(job)
         return job
 
+    def offsets(self) -> dict[int, tuple[int, int]]:
+        """Partition -> (the group's committed offset, the end offset)."""
+        return group_lag(self.kafka.bootstrap, self.group, self.topic)
+
     def lag(self) -> int:
-        return sum(max(0, end - max(c, 0)) for c, end in group_lag(self.kafka.bootstrap,
-                                                                   f"glasspipe.default.{self.name}",
-                                                                   self.topic).values())
+        return lag_of(self.offsets())
 
     def wait_drained(self, jobs: list[ServerProcess], timeout: float = 300) -> float:
         """Until the group's lag is 0 (every replica committed up to the end): returns seconds waited."""
@@ -124,6 +128,11 @@ class Stream:
         assert not doubled and not missing and not wrong and len(got) == len(self.firsts), (
             f"{len(rows)} rows for {len(self.firsts)} keys; doubled {list(doubled.items())[:5]}, "
             f"missing {sorted(missing)[:5]}, not the first payload {list(wrong.items())[:5]}")
+
+
+def lag_of(offsets: dict[int, tuple[int, int]]) -> int:
+    """Records between the group's committed offsets and the ends (Stream.offsets)."""
+    return sum(max(0, end - max(c, 0)) for c, end in offsets.values())
 
 
 STREAMS: list[Stream] = []
@@ -214,16 +223,15 @@ def test_the_group_never_moves_back_while_a_new_layout_warms_up(
         s.wait_drained(jobs)
     finally:
         stop_all(jobs)
-    group = f"glasspipe.default.{s.name}"
-    left = {p: committed for p, (committed, _) in group_lag(kafka.bootstrap, group, s.topic).items()}
+    left = {p: committed for p, (committed, _) in s.offsets().items()}
     s.produce(new=600, repeats=600)
     jobs = [s.start(2, i) for i in range(2)]
     lowest = dict(left)
     try:
         deadline = time.monotonic() + 300
-        while s.lag() > 0:
+        while lag_of(offsets := s.offsets()) > 0:  # one read of the group a round: its lag and its lowest offsets
             assert all(job.alive() for job in jobs) and time.monotonic() < deadline, jobs[0].log_tail(40)
-            for p, (committed, _) in group_lag(kafka.bootstrap, group, s.topic).items():
+            for p, (committed, _) in offsets.items():
                 lowest[p] = min(lowest[p], committed)
             time.sleep(0.1)
     finally:
