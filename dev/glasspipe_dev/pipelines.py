@@ -12,9 +12,9 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
@@ -195,25 +195,35 @@ def consume_all(bootstrap: str, topic: str, expected: int, timeout: float = 60) 
     return out
 
 
+T = TypeVar("T")
+
+
+def again_until(seconds: float, ask: Callable[[], T]) -> T:
+    """``ask`` the broker, again after each KafkaException until ``seconds`` have passed: a group coordinator still
+    loading after a broker start, or a test broker on a machine too busy to take a connection, answers a moment
+    later. The last error is raised if none does."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return ask()
+        except KafkaException as e:
+            if time.monotonic() > deadline:
+                raise
+            print(f"{e}: asking the broker again", file=sys.stderr)
+            time.sleep(0.2)
+
+
 def group_lag(bootstrap: str, group: str, topic: str) -> dict[int, tuple[int, int]]:
     """partition -> (committed offset, end offset) for a consumer group."""
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
+
+    def read() -> dict[int, tuple[int, int]]:
         meta = consumer.list_topics(topic, timeout=10).topics[topic]
-        parts = sorted(meta.partitions)
-        for attempt in range(50):  # the group coordinator may still be loading right after a broker start
-            try:
-                committed = consumer.committed([TopicPartition(topic, p) for p in parts], timeout=10)
-                break
-            except KafkaException:
-                if attempt == 49:
-                    raise
-                time.sleep(0.2)
-        out = {}
-        for tp in committed:
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, tp.partition), timeout=10)
-            out[tp.partition] = (tp.offset, high)
-        return out
+        committed = consumer.committed([TopicPartition(topic, p) for p in sorted(meta.partitions)], timeout=10)
+        return {tp.partition: (tp.offset, consumer.get_watermark_offsets(tp, timeout=10)[1]) for tp in committed}
+
+    try:
+        return again_until(30, read)
     finally:
         consumer.close()
 
