@@ -14,7 +14,7 @@ import base64
 import subprocess
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -118,6 +118,7 @@ class KafkaServer(RestartableServer):
         self.data_dir = self.workdir / "data"
         self.log_dir = self.workdir / "log"
         self.config_path = self.workdir / "server.properties"
+        self.gc_log = self.log_dir / "gc.log"
         self.port, self.controller_port = free_ports(2)
         self.cluster_id = random_cluster_id()
         self.extra_config = dict(config or {})
@@ -137,10 +138,11 @@ class KafkaServer(RestartableServer):
     def _classpath(self) -> str:
         return str(self.home / "libs" / "*")
 
-    def _java(self, main: str, *args: str) -> list[str]:
+    def _java(self, main: str, *args: str, opts: Sequence[str] = ()) -> list[str]:
         return [
             str(self.java),
             *self.jvm_opts,
+            *opts,
             f"-Dlog4j2.configurationFile={self.home / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.log_dir}",
             "-cp",
@@ -200,7 +202,9 @@ class KafkaServer(RestartableServer):
             self._wait_port_free(port)
         self._process = ServerProcess(
             "kafka",
-            self._java("kafka.Kafka", str(self.config_path)),
+            # A line per collection, as Kafka's own start script logs them: a failed test can show a broker's pauses.
+            self._java("kafka.Kafka", str(self.config_path),
+                       opts=[f"-Xlog:gc:file={self.gc_log}:uptime,time:filecount=2,filesize=4m"]),
             self.log_dir / "stdout.log",
             cwd=self.workdir,
         ).start()
@@ -260,4 +264,6 @@ class KafkaServer(RestartableServer):
         self.admin().delete_topics([name], operation_timeout=timeout)[name].result(timeout=timeout)
 
     def log_tail(self, lines: int = 40) -> str:
-        return log_tail(self.log_dir / "stdout.log", lines)
+        """The end of the broker's log, then of its GC log (a long pause shows there, not in the log)."""
+        gc = log_tail(self.gc_log, 8) if self.gc_log.is_file() else ""
+        return log_tail(self.log_dir / "stdout.log", lines) + (f"\n-- {self.gc_log.name}:\n{gc}" if gc else "")
