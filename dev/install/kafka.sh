@@ -41,7 +41,15 @@ else
     gp_log "ERROR: more than one slf4j-api jar resolved: $(ls "$WORK/libs"/slf4j-api-*.jar)"
     exit 1
   fi
-  cat >"$WORK/log4j2.properties" <<'EOF'
+  rm -rf "$DEST"
+  mkdir -p "$DEST"
+  mv "$WORK/libs" "$DEST/libs"
+  mv "$WORK/deps.txt" "$DEST/"
+  echo "$RECIPE" >"$MARKER"
+  gp_log "kafka $KAFKA_VERSION: $(find "$DEST/libs" -name '*.jar' | wc -l) jars, $(du -sh "$DEST/libs" | cut -f1) in $DEST/libs"
+fi
+# The log config is written on every run, not cached with the jars, so a change to it reaches an existing cache.
+cat >"$DEST/log4j2.properties" <<'EOF'
 # Written by glasspipe dev/install/kafka.sh: test brokers log warnings and errors to the console
 # (the KafkaServer helper sends the console to a log file).
 status = warn
@@ -55,12 +63,12 @@ rootLogger.appenderRef.stdout.ref = STDOUT
 # Say once that the broker started: handy when reading a test's broker log.
 logger.kafkaserver.name = kafka.server.KafkaRaftServer
 logger.kafkaserver.level = INFO
+# The controller's view of the broker: registrations, fencing and unfencing (a few lines a start, none per topic).
+# A broker fenced by its own controller (a missed heartbeat on a busy machine) leads no partition until unfenced;
+# a test's failure report then shows when.
+logger.brokers.name = org.apache.kafka.controller.ClusterControlManager
+logger.brokers.level = INFO
+logger.heartbeats.name = org.apache.kafka.controller.BrokerHeartbeatManager
+logger.heartbeats.level = INFO
 EOF
-  rm -rf "$DEST"
-  mkdir -p "$DEST"
-  mv "$WORK/libs" "$DEST/libs"
-  mv "$WORK/log4j2.properties" "$WORK/deps.txt" "$DEST/"
-  echo "$RECIPE" >"$MARKER"
-  gp_log "kafka $KAFKA_VERSION: $(find "$DEST/libs" -name '*.jar' | wc -l) jars, $(du -sh "$DEST/libs" | cut -f1) in $DEST/libs"
-fi
 echo "kafka ok: $DEST"
