@@ -13,7 +13,8 @@ from glasspipe_dev.spark_cds import test_spark_submit_opts
 # drivers) maps the classes from the CDS archive and skips C2: a restart costs about half.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", test_spark_submit_opts())
 
-SESSION_SERVERS = ("kafka", "clickhouse")  # session fixtures whose log a failed test's report carries
+# session fixtures whose log a failed test's report carries
+SESSION_SERVERS = ("kafka", "clickhouse", "secure_kafka", "secure_clickhouse")
 
 pytest_plugins = ["fixtures_kafka", "fixtures_clickhouse", "fixtures_kube", "fixtures_jvm_ops", "fixtures_images",
                   "fixtures_security", "fixtures_cluster"]
@@ -39,10 +40,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if not report.failed:
         return
     used = getattr(item, "funcargs", {})
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     for name in SESSION_SERVERS:
         server = used.get(name)
         if server is not None:
             state = "running" if server.running() else "NOT running"
-            load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
             report.sections.append((f"{name} ({state}; load average {load}): the end of its log",
                                     server.log_tail(60)))
