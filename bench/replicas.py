@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import (
@@ -63,7 +64,7 @@ def pipeline(tmp: Path, kafka: KafkaServer, topic: str, name: str) -> Path:
 
 
 def lag(kafka: KafkaServer, name: str, topic: str) -> int:
-    return sum(max(0, end - max(c, 0)) for c, end in group_lag(kafka.bootstrap, f"glasspipe.default.{name}",
+    return sum(max(0, end - max(c, 0)) for c, end in group_lag(kafka.bootstrap, default_consumer_group("default", name),
                                                                topic).values())
 
 

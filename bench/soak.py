@@ -50,6 +50,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from soak_recovery import recoveries, recovery_table
 from workload import Workload
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import group_lag, sms_dedup_pipeline, start_continuous
@@ -338,7 +339,7 @@ def main() -> int:
         kafka.create_topic(topic, PARTITIONS)
         kafka.create_topic(f"{topic}-dlq", 1)
         path = pipeline(tmp, topic, name, args.engine)
-        group = f"glasspipe.default.{name}"
+        group = default_consumer_group("default", name)
         t0 = time.monotonic()
         producing = Producing(kafka.bootstrap, topic, args.rate, args.seed)
         producing.start()

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce, write_pipeline
@@ -136,7 +137,7 @@ def test_apply_scale_crash_delete(tmp_path: Path, kafka: KafkaServer, clickhouse
     topic, table = f"e2e-sms-{suffix}", f"e2e_sms_{suffix}"
     kafka.create_topic(topic, 4)
     kafka.create_topic(f"{topic}-dlq", 1)
-    group = f"glasspipe.{ns}.{NAME}"
+    group = default_consumer_group(ns, NAME)
 
     # ---- (1) kubectl apply of the sms-dedup example, adapted to the local servers
     doc = load_example("sms-dedup.yaml")

@@ -23,7 +23,7 @@ import yaml
 from fixtures_images import REPO, Image, podman, removed_container
 from glasspipe import contract
 from glasspipe.api.validation import validate_resource
-from glasspipe.contract import JOB_MAIN
+from glasspipe.contract import JOB_MAIN, default_consumer_group
 from glasspipe.render import SPARK_VERSION, render_spark_applications
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
@@ -272,7 +272,7 @@ def test_spark_image_driver_runs_the_job_exactly_once(
              "SPARK_SUBMIT_OPTS": "-Xlog:class+load=info:file=/checkpoints/class-load.log"})
     log = tmp_path / "driver.log"
     ch = clickhouse.client()
-    group = f"glasspipe.default.{name}"
+    group = default_consumer_group("default", name)
 
     def landed() -> bool:
         try:

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.crashes import kill_mid_stream
 from glasspipe_dev.kafka import KafkaServer
@@ -98,7 +99,7 @@ def test_100k_events_with_20_percent_duplicates_land_exactly_once(
     assert "duplicates dropped 20000" in summary and "rows written 80000" in summary
     assert "records in 100000," in summary, summary
     # the consumer group's committed offsets reach the end of every partition
-    lag = group_lag(kafka.bootstrap, f"glasspipe.default.sms-{table[4:]}", topic)
+    lag = group_lag(kafka.bootstrap, default_consumer_group("default", f"sms-{table[4:]}"), topic)
     assert len(lag) == 4 and all(committed == end for committed, end in lag.values()), lag
     # a second run finds nothing new and writes nothing twice
     again = run(path, kafka, clickhouse, tmp_path / "ckpt")

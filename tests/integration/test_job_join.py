@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.crashes import kill_mid_stream
 from glasspipe_dev.kafka import KafkaServer
@@ -155,7 +156,7 @@ def test_inner_join_matches_within_the_window_in_either_arrival_order(
         "the join's watermark"), headers
     assert clickhouse.client().execute(f"SELECT label FROM {j.table} WHERE order_id = 'o1'") == [("u1/US/100.0",)]
     # both topics' offsets are committed to the pipeline's consumer group
-    group = f"glasspipe.default.{j.name}"
+    group = default_consumer_group("default", j.name)
     for topic, n in ((j.orders, 6), (j.users, 6)):
         lag = group_lag(kafka.bootstrap, group, topic)
         assert sum(end for _, end in lag.values()) == n and all(c == e for c, e in lag.values()), (topic, lag)
@@ -347,7 +348,7 @@ def test_late_records_of_both_sides_are_dead_letters_with_reason_late(
         (j.users, "late", *user("u9", "LATE", T0 + timedelta(minutes=10))),
     ]), got
     # both topics are consumed to the end
-    group = f"glasspipe.default.{j.name}"
+    group = default_consumer_group("default", j.name)
     for topic in (j.orders, j.users):
         lag = group_lag(kafka.bootstrap, group, topic)
         assert all(c == e for c, e in lag.values()), (topic, lag)

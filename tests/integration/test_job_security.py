@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from fixtures_security import CLICKHOUSE_USER, KAFKA_USER, SecretValues
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka_secure import SecureKafkaServer
 from glasspipe_dev.pipelines import (
@@ -147,7 +148,7 @@ def test_a_pipeline_over_tls_runs_exactly_as_on_plaintext(
     assert (rows, distinct, repeats) == (2000, 2000, 0)
     [dead] = consume_all(secure_kafka.bootstrap, f"{topic}-dlq", expected=1)
     assert dead.value() == b"{not json"
-    lag = group_lag(secure_kafka.bootstrap, f"glasspipe.default.sec-{path.stem}", topic)
+    lag = group_lag(secure_kafka.bootstrap, default_consumer_group("default", f"sec-{path.stem}"), topic)
     assert len(lag) == 2 and all(c == end for c, end in lag.values()), lag
 
 
@@ -183,4 +184,5 @@ def test_a_wrong_secret_stops_the_job_with_a_clear_message_and_nothing_written(
     assert "Fix: " in last and "Secret" in last, last
     assert_no_secret(done, test_secrets)
     assert "SparkSession" not in done.stderr and elapsed < 60, f"{elapsed:.0f} s: the check comes before Spark"
-    assert_nothing_written(secure_kafka, secure_clickhouse, topic, table, f"glasspipe.default.sec-{path.stem}")
+    group = default_consumer_group("default", f"sec-{path.stem}")
+    assert_nothing_written(secure_kafka, secure_clickhouse, topic, table, group)

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import (
@@ -122,7 +123,7 @@ def test_kafka_down_for_30s_mid_stream_exact_output_and_lag_back_to_0(
         producer.start()
         producer.join(120)
         assert "error" not in later and later.get("n"), later
-        group = f"glasspipe.default.{name}"
+        group = default_consumer_group("default", name)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert job.alive(), f"the job died after Kafka came back:\n{job.log_tail(60)}"
@@ -134,7 +135,7 @@ def test_kafka_down_for_30s_mid_stream_exact_output_and_lag_back_to_0(
     rows, distinct, repeats = clickhouse.client().execute(
         f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0]
     assert (rows, distinct, repeats) == (uniques, uniques, 0), job.log_tail(60)
-    lag = group_lag(kafka.bootstrap, f"glasspipe.default.{name}", topic)
+    lag = group_lag(kafka.bootstrap, default_consumer_group("default", name), topic)
     assert len(lag) == 4 and all(committed == end for committed, end in lag.values()), lag
     dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=uniques // 500)
     values = sorted(m.value() for m in dead)
