@@ -106,6 +106,7 @@ def test_kafka_down_for_30s_mid_stream_exact_output_and_lag_back_to_0(
         except Exception as e:  # reported by the main thread
             later["error"] = e
 
+    group = default_consumer_group("default", name)
     try:
         deadline = time.monotonic() + 180
         while _count(clickhouse, table) == 0 and time.monotonic() < deadline:
@@ -123,7 +124,6 @@ def test_kafka_down_for_30s_mid_stream_exact_output_and_lag_back_to_0(
         producer.start()
         producer.join(120)
         assert "error" not in later and later.get("n"), later
-        group = default_consumer_group("default", name)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert job.alive(), f"the job died after Kafka came back:\n{job.log_tail(60)}"
@@ -135,7 +135,7 @@ def test_kafka_down_for_30s_mid_stream_exact_output_and_lag_back_to_0(
     rows, distinct, repeats = clickhouse.client().execute(
         f"SELECT count(), uniqExact(sms_id), countIf(status != 'first') FROM {table}")[0]
     assert (rows, distinct, repeats) == (uniques, uniques, 0), job.log_tail(60)
-    lag = group_lag(kafka.bootstrap, default_consumer_group("default", name), topic)
+    lag = group_lag(kafka.bootstrap, group, topic)
     assert len(lag) == 4 and all(committed == end for committed, end in lag.values()), lag
     dead = consume_all(kafka.bootstrap, f"{topic}-dlq", expected=uniques // 500)
     values = sorted(m.value() for m in dead)
