@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from clickhouse_driver import Client
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,7 +48,7 @@ from thread_cpu import process_cpu
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import produce, run_to_end, sms_dedup_pipeline
+from glasspipe_dev.pipelines import again_until, produce, run_to_end, sms_dedup_pipeline
 
 VARIANTS = ("plain", "nodedup", "dedup", "clickhouse")
 MAX_OFFSETS = 200_000  # kafka.maxOffsetsPerTrigger of the Spark runs, as bench/bulk.py
@@ -145,15 +145,8 @@ def warm_up_groups(b: Bench) -> None:
     inside the first variant's measurement."""
     consumer = Consumer({"bootstrap.servers": b.kafka.bootstrap, "group.id": "baseline-warm-up",
                          "enable.auto.commit": False})
-    try:
-        for attempt in range(100):  # the coordinator answers once the offsets topic is loaded
-            try:
-                consumer.commit(offsets=[TopicPartition(b.topic, 0, 1)], asynchronous=False)
-                return
-            except KafkaException:
-                if attempt == 99:
-                    raise
-                time.sleep(0.2)
+    try:  # the coordinator answers once the offsets topic is loaded
+        again_until(20, lambda: consumer.commit(offsets=[TopicPartition(b.topic, 0, 1)], asynchronous=False))
     finally:
         consumer.close()
 
