@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_check import check_every_event, check_exact
-from freshness_runs import EXAMPLE_WINDOW, keys_outlive_run
+from freshness_runs import EXAMPLE_WINDOW, SustainedSearch, kept_up, keys_outlive_run
 from job_log import JobLog
 from join_stream import EXAMPLE_JOIN_WINDOW, RECORDS_A_PAIR, PairWorkload, check_joined, join_pipeline_file, users_topic
 from profile_summary import STACK_DEPTH
@@ -448,6 +448,12 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=1,
                    help="run the pipeline as this many replicas (glasspipe run --replica i --replicas N, a driver "
                    "each, all on this machine's cores; the topics have 4 partitions); CPU is all of theirs")
+    p.add_argument("--find-sustained", type=float, metavar="STEP",
+                   help="find the sustained rate instead of running each of --rates: from --rates' one rate, up by "
+                   "STEP events/s (pairs/s) while a run keeps up, down while none has; then --refine halvings of the "
+                   "last step; prints the highest rate that kept up and the lowest that did not")
+    p.add_argument("--refine", type=int, default=1, help="with --find-sustained: halvings of the step between the "
+                   "rate that kept up and the one above that did not (one run each)")
     p.add_argument("--variant", choices=sorted(VARIANTS), default="dedup",
                    help="; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     args = p.parse_args()
@@ -457,10 +463,19 @@ def main() -> None:
         p.error("--scattered-keys and --max-offsets shape the SMS stream's pipeline: not with --variant join")
     if args.replicas < 1 or (args.replicas > 1 and args.variant in ("plain", "partition-probe")):
         p.error("--replicas takes 1 or more, and more than 1 is for glasspipe's own variants")
+    rates = [float(r) for r in args.rates.split(",")]
+    search = None
+    if args.find_sustained is not None:
+        if len(rates) != 1:
+            p.error("--find-sustained starts from one rate: give --rates a single rate")
+        try:
+            search = SustainedSearch(rates[0], args.find_sustained, args.refine)
+        except ValueError as e:
+            p.error(f"--find-sustained / --refine: {e}")
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):
-        for rate in (float(r) for r in args.rates.split(",")):
+        for rate in rates if search is None else search.rates():
             res = measure(kafka, ch, Path(d), rate, args.seconds, args.trigger, args.warmup, args.warmup_rate or rate,
                           spark_conf, max_rows=args.max_rows, window=args.window, jfr=args.jfr, settle=args.settle,
                           code=args.code.resolve() if args.code else None, poll=args.poll,
@@ -470,6 +485,13 @@ def main() -> None:
             if args.json:
                 with args.json.open("a") as out:
                     out.write(json.dumps({"bench": "freshness", **res}) + "\n")
+            held = kept_up(res)
+            print(f"  {'kept up' if held else 'did not keep up'} at {rate:.0f} by bench/freshness_runs.py's rule (all "
+                  "landed, exact, latency flat, the backlog gone at once)", flush=True)
+            if search is not None:
+                search.record(rate, held)
+    if search is not None:
+        print(search.verdict("pairs/s" if args.variant == "join" else "events/s"), flush=True)
 
 
 if __name__ == "__main__":

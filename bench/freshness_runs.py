@@ -4,6 +4,7 @@ place for both readers, the Markdown table (freshness_table.py) and the plots (p
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,3 +99,58 @@ def delivered_rate(r: dict[str, Any]) -> float:
 def cpu_us_per_event(run: dict[str, Any], who: str) -> float:
     """CPU-microseconds an offered event, i.e. CPU-seconds per million events, of one process (cores over events/s)."""
     return float(run["cpu_cores"].get(who, 0.0)) / run["offered"] * 1e6
+
+
+class SustainedSearch:
+    """The sustained rate's search (freshness.py ``--find-sustained``): from a first rate, up by ``step`` while each
+    run keeps up (down while none has), until a rate that kept up and one ``step`` above it that did not; then
+    ``refine`` halvings of that gap, each at its middle (rounded to ``grain``). One run a rate, as the matrix's
+    sustained rates were found: a run at the edge can go either way, so the answer is the bracket, not a point."""
+
+    def __init__(self, start: float, step: float, refine: int = 1, grain: float = 1000.0) -> None:
+        if start <= 0 or step <= 0 or refine < 0 or grain <= 0:
+            raise ValueError("the search needs a first rate and a step above 0, and refine of 0 or more")
+        self.start, self.step, self.refine, self.grain = start, step, refine, grain
+        self.held: float | None = None  # the highest rate that kept up so far
+        self.failed: float | None = None  # the lowest rate that did not
+        self.tried: list[tuple[float, bool]] = []
+        self.bracketed_after: int | None = None  # runs it took to find the bracket; the halvings come after them
+
+    def record(self, rate: float, ok: bool) -> None:
+        """What the run at ``rate`` did."""
+        self.tried.append((rate, ok))
+        if ok:
+            self.held = rate if self.held is None else max(self.held, rate)
+        else:
+            self.failed = rate if self.failed is None else min(self.failed, rate)
+        if self.bracketed_after is None and self.held is not None and self.failed is not None:
+            self.bracketed_after = len(self.tried)
+
+    def next_rate(self) -> float | None:
+        """The next rate to run, or None when the search is done."""
+        if not self.tried:
+            return self.start
+        if self.failed is None:
+            assert self.held is not None
+            return self.held + self.step
+        if self.held is None:
+            lower = self.failed - self.step
+            return lower if lower > 0 else None
+        assert self.bracketed_after is not None
+        if len(self.tried) - self.bracketed_after >= self.refine:
+            return None
+        middle = round((self.held + self.failed) / 2 / self.grain) * self.grain
+        return middle if self.held < middle < self.failed else None
+
+    def rates(self) -> Iterator[float]:
+        """Each rate to run, the next one asked for once the last one's run is recorded."""
+        while (rate := self.next_rate()) is not None:
+            yield rate
+
+    def verdict(self, unit: str = "events/s") -> str:
+        """One line: the highest rate that kept up and the lowest that did not, as far as the runs went."""
+        runs = ", ".join(f"{rate:.0f} {'held' if ok else 'behind'}" for rate, ok in self.tried)
+        if self.held is None:
+            return f"sustained: no rate kept up ({runs})"
+        above = f"; {self.failed:.0f} did not" if self.failed is not None else ""
+        return f"sustained: {self.held:.0f} {unit}, the highest offered rate that kept up{above} ({runs})"
