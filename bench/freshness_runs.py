@@ -1,5 +1,6 @@
 """Reading bench/freshness.py's figures (its ``--json`` lines): what a run delivered and whether it kept up. One
-place for both readers, the Markdown table (freshness_table.py) and the plots (plot.py). Stdlib only."""
+place for every reader: the Markdown table (freshness_table.py), the plots (plot.py) and freshness.py's own search
+for the sustained rate (``SustainedSearch``), so that all three judge "kept up" alike. Stdlib only."""
 
 from __future__ import annotations
 
