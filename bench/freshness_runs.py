@@ -112,36 +112,39 @@ class SustainedSearch:
         if start <= 0 or step <= 0 or refine < 0 or grain <= 0:
             raise ValueError("the search needs a first rate and a step above 0, and refine of 0 or more")
         self.start, self.step, self.refine, self.grain = start, step, refine, grain
-        self.held: float | None = None  # the highest rate that kept up so far
-        self.failed: float | None = None  # the lowest rate that did not
-        self.tried: list[tuple[float, bool]] = []
-        self.bracketed_after: int | None = None  # runs it took to find the bracket; the halvings come after them
+        self.tried: list[tuple[float, bool]] = []  # (rate, kept up) of each run, in order
 
     def record(self, rate: float, ok: bool) -> None:
         """What the run at ``rate`` did."""
         self.tried.append((rate, ok))
-        if ok:
-            self.held = rate if self.held is None else max(self.held, rate)
-        else:
-            self.failed = rate if self.failed is None else min(self.failed, rate)
-        if self.bracketed_after is None and self.held is not None and self.failed is not None:
-            self.bracketed_after = len(self.tried)
+
+    @property
+    def held(self) -> float | None:
+        """The highest rate that kept up so far."""
+        return max((rate for rate, ok in self.tried if ok), default=None)
+
+    @property
+    def failed(self) -> float | None:
+        """The lowest rate that did not keep up so far."""
+        return min((rate for rate, ok in self.tried if not ok), default=None)
 
     def next_rate(self) -> float | None:
         """The next rate to run, or None when the search is done."""
         if not self.tried:
             return self.start
-        if self.failed is None:
-            assert self.held is not None
-            return self.held + self.step
-        if self.held is None:
-            lower = self.failed - self.step
+        held, failed = self.held, self.failed
+        if failed is None:
+            assert held is not None
+            return held + self.step
+        if held is None:
+            lower = failed - self.step
             return lower if lower > 0 else None
-        assert self.bracketed_after is not None
-        if len(self.tried) - self.bracketed_after >= self.refine:
+        # the runs before the bracket stepped one way, so their results all agree; the halvings follow the first change
+        halvings = len(self.tried) - next(i for i, (_, ok) in enumerate(self.tried) if ok != self.tried[0][1]) - 1
+        if halvings >= self.refine:
             return None
-        middle = round((self.held + self.failed) / 2 / self.grain) * self.grain
-        return middle if self.held < middle < self.failed else None
+        middle = round((held + failed) / 2 / self.grain) * self.grain
+        return middle if held < middle < failed else None
 
     def rates(self) -> Iterator[float]:
         """Each rate to run, the next one asked for once the last one's run is recorded."""
