@@ -44,6 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sparkapp"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
+from arg_types import comma_separated
 from pyspark.sql import DataFrame, SparkSession
 
 from glasspipe import contract
@@ -185,7 +186,8 @@ def job_conf() -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", choices=["jvm", "dropdup"], default="jvm")
-    ap.add_argument("--sizes", default="0,1000000,10000000", help="live-key counts to measure at")
+    ap.add_argument("--sizes", type=comma_separated(int), default=[0, 1_000_000, 10_000_000],
+                    help="live-key counts to measure at")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--build-batch", type=int, default=2_000_000)
     ap.add_argument("--small", type=int, default=1000)
@@ -200,7 +202,7 @@ def main() -> None:
     ap.add_argument("--judged-late-ranges", type=int, default=0,
                     help="late ranges of a hand-over the operator carries (jvm only; see the module docstring)")
     args = ap.parse_args()
-    sizes = sorted(int(s) for s in args.sizes.split(","))
+    sizes = sorted(args.sizes)
 
     if args.drop_page_cache and not os.access("/proc/sys/vm/drop_caches", os.W_OK):
         ap.error("--drop-page-cache needs root on Linux (it writes /proc/sys/vm/drop_caches)")

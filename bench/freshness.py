@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from arg_types import comma_separated
 from exact_check import check_every_event, check_exact
 from freshness_runs import EXAMPLE_WINDOW, SustainedSearch, kept_up, keys_outlive_run
 from job_log import JobLog
@@ -411,8 +412,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--rates", default="1000,10000", help="offered events/s (the join: matched pairs/s), "
-                   "comma-separated")
+    p.add_argument("--rates", type=comma_separated(float), default=[1000.0, 10000.0],
+                   help="offered events/s (the join: matched pairs/s), comma-separated")
     p.add_argument("--seconds", type=float, default=60)
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
     p.add_argument("--max-rows", type=int, default=100_000, help="batching.maxRows (rows per ClickHouse INSERT)")
@@ -452,8 +453,8 @@ def main() -> None:
                    help="find the sustained rate instead of running each of --rates: from --rates' one rate, up by "
                    "STEP events/s (pairs/s) while a run keeps up, down while none has; then --refine halvings of the "
                    "last step; prints the highest rate that kept up and the lowest that did not")
-    p.add_argument("--refine", type=int, default=1, help="with --find-sustained: halvings of the step between the "
-                   "rate that kept up and the one above that did not (one run each)")
+    p.add_argument("--refine", type=int, help="with --find-sustained: halvings of the step between the rate that "
+                   "kept up and the one above that did not (one run each; default 1)")
     p.add_argument("--variant", choices=sorted(VARIANTS), default="dedup",
                    help="; ".join(f"{k}: {v}" for k, v in VARIANTS.items()))
     args = p.parse_args()
@@ -463,13 +464,19 @@ def main() -> None:
         p.error("--scattered-keys and --max-offsets shape the SMS stream's pipeline: not with --variant join")
     if args.replicas < 1 or (args.replicas > 1 and args.variant in ("plain", "partition-probe")):
         p.error("--replicas takes 1 or more, and more than 1 is for glasspipe's own variants")
-    rates = [float(r) for r in args.rates.split(",")]
+    if args.refine is not None and args.find_sustained is None:
+        p.error("--refine halves --find-sustained's step: give --find-sustained STEP too, or drop --refine")
+    if any("=" not in item for item in args.spark_conf):
+        p.error("--spark-conf takes KEY=VALUE, e.g. --spark-conf spark.eventLog.enabled=true")
+    rates = args.rates
+    if not rates:
+        p.error("--rates: give one or more offered rates, e.g. --rates 1000,10000")
     search = None
     if args.find_sustained is not None:
         if len(rates) != 1:
             p.error("--find-sustained starts from one rate: give --rates a single rate")
         try:
-            search = SustainedSearch(rates[0], args.find_sustained, args.refine)
+            search = SustainedSearch(rates[0], args.find_sustained, 1 if args.refine is None else args.refine)
         except ValueError as e:
             p.error(f"--find-sustained / --refine: {e}")
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)

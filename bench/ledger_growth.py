@@ -27,6 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
+from arg_types import comma_separated
+
 from glasspipe.api.validation import OutputColumn
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_job import handover as ho
@@ -55,7 +57,8 @@ def decide(rows: list[Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="10000,1000000,10000000", help="ledger rows to measure at")
+    parser.add_argument("--sizes", type=comma_separated(int), default=[10_000, 1_000_000, 10_000_000],
+                        help="ledger rows to measure at")
     parser.add_argument("--every-max", type=int, default=1_000_000,
                         help="largest ledger to also read whole (the earlier start-up read)")
     args = parser.parse_args()
@@ -71,7 +74,7 @@ def main() -> int:
         total = 0
         print("ledger rows | fence check (claims key) | scan of every claim (before) | replica start: read + "
               "decisions | rows read | from every row (before) | max RSS so far")
-        for target in (int(x) for x in args.sizes.split(",")):
+        for target in args.sizes:
             first_batch = total // 6
             client.execute(
                 f"INSERT INTO {table.ledger_table} (writer, batch_id, chunks, rows, offsets, state) SELECT "

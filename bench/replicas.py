@@ -27,6 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
+from arg_types import comma_separated
+
 from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
@@ -169,7 +171,8 @@ def phases(log: str, since: datetime) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--replicas", default="1,2,3", help="replica counts to drain the topic with; '' for none")
+    parser.add_argument("--replicas", type=comma_separated(int), default=[1, 2, 3],
+                        help="replica counts to drain the topic with; '' for none")
     parser.add_argument("--keep", type=Path, help="write the job logs and checkpoints here (kept)")
     parser.add_argument("--cds", action="store_true",
                         help="drivers map the class-data-sharing archive of dev/install/spark-cds.sh, as the Spark "
@@ -191,7 +194,7 @@ def main() -> int:
         kafka.create_topic(f"{topic}-dlq", 1)
         produce(kafka.bootstrap, topic, events(args.events, 0.2, 1))
         print(f"produced {args.events} events (20 % duplicates) to 6 partitions")
-        for n in (int(x) for x in args.replicas.split(",") if x):
+        for n in args.replicas:
             run_replicas(tmp, kafka, ch, topic, n, args.events)
         rescale(tmp, kafka, ch, topic, max(args.events // 10, 1000))
     return 0

@@ -1,0 +1,25 @@
+"""Argument types the bench scripts share, so a bad value is refused by argparse naming its option (e.g.
+``argument --rates: 'abc': ...``) rather than ending in a traceback."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T", int, float)
+
+
+def comma_separated(kind: Callable[[str], T]) -> Callable[[str], list[T]]:
+    """An argparse ``type=`` for a comma-separated list of numbers read by ``kind`` (``int`` or ``float``); empty
+    items are skipped, so ``''`` is the empty list."""
+    name = getattr(kind, "__name__", "number")
+
+    def parse(text: str) -> list[T]:
+        try:
+            return [kind(item) for item in text.split(",") if item.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give comma-separated {name} values, e.g. 1000,10000") from None
+
+    return parse

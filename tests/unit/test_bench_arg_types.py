@@ -1,0 +1,52 @@
+"""bench/arg_types.py: the bench scripts' comma-separated numbers, and a bad one refused by argparse naming its
+option instead of a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+
+from arg_types import comma_separated
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench")
+    p.add_argument("--rates", type=comma_separated(float), default=[1000.0])
+    p.add_argument("--sizes", type=comma_separated(int), default=[0])
+    return p
+
+
+def test_numbers_of_each_kind_in_order() -> None:
+    args = parser().parse_args(["--rates", "1000,2500.5", "--sizes", "10000,0,300"])
+    assert args.rates == [1000.0, 2500.5]
+    assert args.sizes == [10000, 0, 300]
+    assert all(type(n) is int for n in args.sizes)
+
+
+def test_empty_items_skipped_and_empty_text_the_empty_list() -> None:
+    assert parser().parse_args(["--sizes", "1,,2,"]).sizes == [1, 2]
+    assert parser().parse_args(["--sizes", ""]).sizes == []
+
+
+def test_defaults_are_left_as_given() -> None:
+    args = parser().parse_args([])
+    assert args.rates == [1000.0] and args.sizes == [0]
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["--rates", "1000,ten"], "argument --rates: '1000,ten': give comma-separated float values"),
+    (["--sizes", "1.5"], "argument --sizes: '1.5': give comma-separated int values"),
+])
+def test_a_bad_value_is_refused_naming_its_option(argv: list[str], named: str,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parser().parse_args(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert named in err
+    assert "Traceback" not in err
