@@ -1,9 +1,9 @@
 """PNG plots of the figures bench/freshness.py appends to a JSON-lines file (``--json``): delivered rate and
 latency percentiles against offered rate; with ``--by-variant``, each variant's sustained rate and its latency
-percentiles at 1 000/s, 10 000/s and that rate (a variant with ``--replicas`` N is its own bar; the join's rates
-are matched pairs); with ``--by-minute``, each run's latency percentiles minute by minute (a long run's shape).
-Needs matplotlib, which the job and the tests do not: ``pip install matplotlib`` (or
-``pip install -e '.[bench]'``).
+percentiles at 1 000/s and 10 000/s (where the file has runs at them) and at that rate (a variant with
+``--replicas`` N is its own bar; the join's rates are matched pairs); with ``--by-minute``, each run's latency
+percentiles minute by minute (a long run's shape). Needs matplotlib, which the job and the tests do not:
+``pip install matplotlib`` (or ``pip install -e '.[bench]'``).
 
     python bench/freshness.py --rates 1000,5000,10000 --json /tmp/fresh.jsonl
     python bench/plot.py /tmp/fresh.jsonl --out docs/img
