@@ -150,6 +150,17 @@ def sustained_runs(runs: list[dict[str, Any]]) -> dict[Scenario, dict[str, Any]]
     return {s: best[s] for s in sorted(best, key=scenario_order)}
 
 
+Panel = tuple[str, dict[Scenario, dict[str, Any]], bool]  # a title, its runs by scenario, whether at a fixed rate
+
+
+def latency_panels(runs: list[dict[str, Any]], best: dict[Scenario, dict[str, Any]]) -> list[Panel]:
+    """The latency figure's panels: one for 1 000/s and one for 10 000/s where the runs include that rate (a
+    sustained-rate search runs neither), then each scenario's run at its sustained rate (``best``)."""
+    at_rates = [(f"{rate:,}/s offered", {scenario_of(r): r for r in runs if abs(r["offered"] - rate) < 0.05 * rate})
+                for rate in (1_000, TARGET_RATE)]
+    return [(title, by, True) for title, by in at_rates if by] + [("each one's sustained rate", best, False)]
+
+
 def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
     """A matrix of variants at fixed rates (docs/benchmarks.md's scenario table): each variant's sustained rate,
     and its latency percentiles at 1 000/s, at 10 000/s and at that sustained rate."""
@@ -178,10 +189,7 @@ def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str
     ax.grid(alpha=0.3, axis="x")
     fig.savefig(out / f"sustained-by-variant{tag}.png", dpi=100, bbox_inches="tight")
 
-    at_rates = [(f"{rate:,}/s offered", {scenario_of(r): r for r in runs if abs(r["offered"] - rate) < 0.05 * rate})
-                for rate in (1_000, TARGET_RATE)]
-    # a panel a fixed rate that was run (a search runs none of them), then each one's sustained rate
-    panels = [(title, by, True) for title, by in at_rates if by] + [("each one's sustained rate", best, False)]
+    panels = latency_panels(runs, best)
     most = max(len(by) for _, by, _ in panels)
     fig, axes = plt.subplots(1, len(panels), figsize=(max(4.0 * len(panels), 2.1 * most), 4), sharey=True,
                              squeeze=False)
