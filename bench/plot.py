@@ -162,8 +162,8 @@ def latency_panels(runs: list[dict[str, Any]], best: dict[Scenario, dict[str, An
 
 
 def plot_by_variant(plt: Any, runs: list[dict[str, Any]], out: Path, suffix: str, tag: str) -> list[Path]:
-    """A matrix of variants at fixed rates (docs/benchmarks.md's scenario table): each variant's sustained rate,
-    and its latency percentiles at 1 000/s, at 10 000/s and at that sustained rate."""
+    """A matrix of variants at fixed rates (docs/benchmarks.md's scenario table) or their sustained-rate searches:
+    each variant's sustained rate, and its latency percentiles in latency_panels' panels."""
     best = sustained_runs(runs)
     if not best:
         print("no run kept up: nothing to draw by variant", file=sys.stderr)
