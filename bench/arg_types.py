@@ -23,3 +23,11 @@ def comma_separated(kind: Callable[[str], T]) -> Callable[[str], list[T]]:
                 f"{text!r}: give comma-separated {name} values, e.g. 1000,10000") from None
 
     return parse
+
+
+def key_value(text: str) -> tuple[str, str]:
+    """An argparse ``type=`` for one ``KEY=VALUE`` setting (e.g. a Spark conf), split at the first ``=``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r}: give KEY=VALUE, e.g. spark.eventLog.enabled=true")
+    return key, value

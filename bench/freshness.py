@@ -44,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "operator"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from arg_types import comma_separated
+from arg_types import comma_separated, key_value
 from exact_check import check_every_event, check_exact
 from freshness_runs import EXAMPLE_WINDOW, SustainedSearch, kept_up, keys_outlive_run
 from job_log import JobLog
@@ -439,7 +439,7 @@ def main() -> None:
     p.add_argument("--code", type=Path, help="run the job of this code tree instead of this checkout's (an A/B "
                    "against e.g. `git archive main | tar -x -C DIR`; its JVM operators jar must be built: "
                    "dev/install/jvm-ops.sh from that tree)")
-    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--spark-conf", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the pipeline's spec.spark.conf (e.g. spark.eventLog.enabled=true); "
                    "repeatable")
     p.add_argument("--scattered-keys", action="store_true",
@@ -466,8 +466,6 @@ def main() -> None:
         p.error("--replicas takes 1 or more, and more than 1 is for glasspipe's own variants")
     if args.refine is not None and args.find_sustained is None:
         p.error("--refine halves --find-sustained's step: give --find-sustained STEP too, or drop --refine")
-    if any("=" not in item for item in args.spark_conf):
-        p.error("--spark-conf takes KEY=VALUE, e.g. --spark-conf spark.eventLog.enabled=true")
     rates = args.rates
     if not rates:
         p.error("--rates: give one or more offered rates, e.g. --rates 1000,10000")
@@ -479,7 +477,7 @@ def main() -> None:
             search = SustainedSearch(rates[0], args.find_sustained, 1 if args.refine is None else args.refine)
         except ValueError as e:
             p.error(f"--find-sustained / --refine: {e}")
-    spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
+    spark_conf = dict(args.spark_conf)
     with (tempfile.TemporaryDirectory(prefix="gp-fresh-") as d, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):
         for rate in rates if search is None else search.rates():

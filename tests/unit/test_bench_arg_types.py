@@ -11,7 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 
-from arg_types import comma_separated
+from arg_types import comma_separated, key_value
 
 
 def parser() -> argparse.ArgumentParser:
@@ -50,3 +50,11 @@ def test_a_bad_value_is_refused_naming_its_option(argv: list[str], named: str,
     err = capsys.readouterr().err
     assert named in err
     assert "Traceback" not in err
+
+
+def test_a_setting_splits_at_its_first_equals_sign_and_one_without_is_refused() -> None:
+    assert key_value("spark.a=b=c") == ("spark.a", "b=c")
+    assert key_value("spark.a=") == ("spark.a", "")
+    for bad in ("spark.a", "=b"):
+        with pytest.raises(argparse.ArgumentTypeError, match="give KEY=VALUE"):
+            key_value(bad)
