@@ -28,8 +28,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from exact_check import check_exact
-from freshness import Poller, pipeline_file, wait_for_rows
+from freshness import pipeline_file
 from job_log import JobLog
+from landed_rows import Poller, wait_for_rows
 from workload import Workload, produce_plan
 
 from glasspipe_dev.clickhouse import ClickHouseServer
