@@ -10,17 +10,22 @@ from typing import TypeVar
 T = TypeVar("T", int, float)
 
 
-def comma_separated(kind: Callable[[str], T]) -> Callable[[str], list[T]]:
-    """An argparse ``type=`` for a comma-separated list of numbers read by ``kind`` (``int`` or ``float``); empty
-    items are skipped, so ``''`` is the empty list."""
+def comma_separated(kind: Callable[[str], T], least: T | None = None,
+                    example: str = "1000,10000") -> Callable[[str], list[T]]:
+    """An argparse ``type=`` for a comma-separated list of numbers read by ``kind`` (``int`` or ``float``), each at
+    least ``least`` where given (a rate or a replica count of 0 would run nothing, or hang); empty items are
+    skipped, so ``''`` is the empty list."""
     name = getattr(kind, "__name__", "number")
+    bound = "" if least is None else f" of at least {least}"
 
     def parse(text: str) -> list[T]:
         try:
-            return [kind(item) for item in text.split(",") if item.strip()]
+            values = [kind(item) for item in text.split(",") if item.strip()]
         except ValueError:
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: give comma-separated {name} values, e.g. 1000,10000") from None
+            values = None
+        if values is None or (least is not None and any(v < least for v in values)):
+            raise argparse.ArgumentTypeError(f"{text!r}: give comma-separated {name} values{bound}, e.g. {example}")
+        return values
 
     return parse
 

@@ -186,7 +186,7 @@ def job_conf() -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--impl", choices=["jvm", "dropdup"], default="jvm")
-    ap.add_argument("--sizes", type=comma_separated(int), default=[0, 1_000_000, 10_000_000],
+    ap.add_argument("--sizes", type=comma_separated(int, least=0), default=[0, 1_000_000, 10_000_000],
                     help="live-key counts to measure at")
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--build-batch", type=int, default=2_000_000)

@@ -57,7 +57,7 @@ def decide(rows: list[Any]) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=comma_separated(int), default=[10_000, 1_000_000, 10_000_000],
+    parser.add_argument("--sizes", type=comma_separated(int, least=0), default=[10_000, 1_000_000, 10_000_000],
                         help="ledger rows to measure at")
     parser.add_argument("--every-max", type=int, default=1_000_000,
                         help="largest ledger to also read whole (the earlier start-up read)")

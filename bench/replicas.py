@@ -171,7 +171,7 @@ def phases(log: str, since: datetime) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=200_000)
-    parser.add_argument("--replicas", type=comma_separated(int), default=[1, 2, 3],
+    parser.add_argument("--replicas", type=comma_separated(int, least=1, example="1,2,3"), default=[1, 2, 3],
                         help="replica counts to drain the topic with; '' for none")
     parser.add_argument("--keep", type=Path, help="write the job logs and checkpoints here (kept)")
     parser.add_argument("--cds", action="store_true",

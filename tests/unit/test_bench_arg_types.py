@@ -18,6 +18,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench")
     p.add_argument("--rates", type=comma_separated(float), default=[1000.0])
     p.add_argument("--sizes", type=comma_separated(int), default=[0])
+    p.add_argument("--replicas", type=comma_separated(int, least=1, example="1,2,3"), default=[1])
     return p
 
 
@@ -33,6 +34,11 @@ def test_empty_items_skipped_and_empty_text_the_empty_list() -> None:
     assert parser().parse_args(["--sizes", ""]).sizes == []
 
 
+def test_values_at_the_least_are_taken() -> None:
+    assert parser().parse_args(["--replicas", "1,3"]).replicas == [1, 3]
+    assert parser().parse_args(["--replicas", ""]).replicas == []  # none: replicas.py skips the phase
+
+
 def test_defaults_are_left_as_given() -> None:
     args = parser().parse_args([])
     assert args.rates == [1000.0] and args.sizes == [0]
@@ -41,6 +47,8 @@ def test_defaults_are_left_as_given() -> None:
 @pytest.mark.parametrize(("argv", "named"), [
     (["--rates", "1000,ten"], "argument --rates: '1000,ten': give comma-separated float values"),
     (["--sizes", "1.5"], "argument --sizes: '1.5': give comma-separated int values"),
+    (["--replicas", "2,0"], "argument --replicas: '2,0': give comma-separated int values of at least 1, e.g. 1,2,3"),
+    (["--replicas", "-1"], "argument --replicas: '-1': give comma-separated int values of at least 1"),
 ])
 def test_a_bad_value_is_refused_naming_its_option(argv: list[str], named: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
