@@ -92,7 +92,7 @@ def main() -> None:
         poller = Poller(ch, table)
         poller.start()
         produce_plan(bootstrap, topic, workload.plan(int(args.rate * args.seconds), args.rate), args.rate)
-        wait_for_rows(poller, workload.firsts, job, 120, "before the crash's rows landed")
+        wait_for_rows(poller, workload.firsts, [job], 120, "before the crash's rows landed")
         wait_idle(tmp / "before.log")
         batches = JobLog.read(tmp / "before.log").last_batch() + 1
         job.kill()

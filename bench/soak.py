@@ -132,10 +132,10 @@ class Producing(threading.Thread):
                 if self.sent % MALFORMED_EVERY == 0:
                     self._send(f"bad-{self.sent}".encode(), f'{{"sms_id": "bad-{self.sent}", broken'.encode())
                 elif self.sent % FUTURE_EVERY == 0:
-                    key = f"future-{self.sent}"
-                    doc = {"sms_id": key, "seq": -2, "status": "future", "phone": "+1",
+                    future = f"future-{self.sent}"
+                    doc = {"sms_id": future, "seq": -2, "status": "future", "phone": "+1",
                            "meta": {"provider": "p"}, "sent_at": "2099-01-01T00:00:00.000+00:00"}
-                    self._send(key.encode(), json.dumps(doc).encode())
+                    self._send(future.encode(), json.dumps(doc).encode())
                 else:
                     key, value, _ = self.workload.event(wall0 + elapsed)
                     self._send(key, value)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,7 +30,7 @@ def read_back(plan: Plan | SpilledPlan) -> tuple[list[bytes], list[bytes], list[
 @pytest.mark.parametrize("scattered", [False, True])
 def test_a_spilled_plan_is_the_stream_one_plan_makes(tmp_path: Path, scattered: bool) -> None:
     # repeats due up to 3 s later cross the chunks' edges (rate 1 000/s, chunks of 701 events)
-    shape = {"seed": 5, "scattered_keys": scattered, "max_repeat_delay_s": 3.0}
+    shape: dict[str, Any] = {"seed": 5, "scattered_keys": scattered, "max_repeat_delay_s": 3.0}
     whole = Workload(**shape).plan(5_000, 1000)
     workload = Workload(**shape)
     spilled = spill_plan(lambda k: workload.plan(k, 1000), 5_000, tmp_path, chunk=701)
