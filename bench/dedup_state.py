@@ -44,7 +44,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sparkapp"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 
-from arg_types import comma_separated
+from arg_types import comma_separated, key_value
 from pyspark.sql import DataFrame, SparkSession
 
 from glasspipe import contract
@@ -57,7 +57,7 @@ WINDOW_S = 7 * 24 * 3600
 LATENESS = "1 hour"
 
 
-def session(partitions: int, with_jar: bool, confs: list[str]) -> SparkSession:
+def session(partitions: int, with_jar: bool, confs: dict[str, str]) -> SparkSession:
     builder = (
         SparkSession.builder.master("local[2]")
         .appName("glasspipe-bench-dedup")
@@ -71,8 +71,7 @@ def session(partitions: int, with_jar: bool, confs: list[str]) -> SparkSession:
         )
         .config("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "true")
     )
-    for kv in confs:
-        k, _, v = kv.partition("=")
+    for k, v in confs.items():
         builder = builder.config(k, v)
     if with_jar:
         builder = builder.config("spark.jars", jvm_ops_jar())
@@ -173,14 +172,14 @@ def drop_page_cache() -> None:
     Path("/proc/sys/vm/drop_caches").write_text("1\n")
 
 
-def job_conf() -> list[str]:
-    """The Spark settings the job runs examples/sms-dedup.yaml with at a 1 s trigger (contract.spark_conf), as
-    key=value, but for the shuffle partitions, which ``--partitions`` sets."""
+def job_conf() -> dict[str, str]:
+    """The Spark settings the job runs examples/sms-dedup.yaml with at a 1 s trigger (contract.spark_conf),
+    but for the shuffle partitions, which ``--partitions`` sets."""
     spec = load_example("sms-dedup.yaml")["spec"]
     spec["sink"]["clickhouse"]["batching"]["maxDelay"] = "1s"
     conf = contract.spark_conf(models.GlassPipelineSpec.model_validate(spec))
     conf.pop("spark.sql.shuffle.partitions")
-    return [f"{k}={v}" for k, v in conf.items()]
+    return conf
 
 
 def main() -> None:
@@ -198,7 +197,8 @@ def main() -> None:
     ap.add_argument("--job-conf", action="store_true", help="Spark settings as glasspipe run gives them")
     ap.add_argument("--drop-page-cache", action="store_true",
                     help="empty the OS page cache before each measured batch (root; see the module docstring)")
-    ap.add_argument("--conf", action="append", default=[], help="extra Spark conf key=value")
+    ap.add_argument("--conf", action="append", type=key_value, default=[], metavar="KEY=VALUE",
+                    help="an extra Spark setting; repeatable")
     ap.add_argument("--judged-late-ranges", type=int, default=0,
                     help="late ranges of a hand-over the operator carries (jvm only; see the module docstring)")
     args = ap.parse_args()
@@ -208,12 +208,12 @@ def main() -> None:
         ap.error("--drop-page-cache needs root on Linux (it writes /proc/sys/vm/drop_caches)")
     root = Path(tempfile.mkdtemp(prefix="gp-bench-dedup-"))
     t0 = time.monotonic()
-    confs = (job_conf() if args.job_conf else []) + args.conf
+    confs = {**(job_conf() if args.job_conf else {}), **dict(args.conf)}
     spark = session(args.partitions, with_jar=args.impl == "jvm" or args.job_conf, confs=confs)
     start_s = time.monotonic() - t0
     print(f"impl={args.impl} partitions={args.partitions} keys {'scattered' if args.scattered_keys else 'in order'} "
           f"job conf {args.job_conf} page cache dropped before each batch {args.drop_page_cache} "
-          f"confs={args.conf} judged late ranges {args.judged_late_ranges} "
+          f"confs={dict(args.conf)} judged late ranges {args.judged_late_ranges} "
           f"session start {start_s:.1f} s")
     feeder = Feeder(spark, root, scattered=args.scattered_keys)
     q = None

@@ -41,6 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 for sub in ("dev", "operator", "sparkapp"):
     sys.path.insert(0, str(ROOT / sub))
 
+from arg_types import key_value  # noqa: E402
+
 from glasspipe.api.durations import parse_duration_ms  # noqa: E402
 from glasspipe.contract import STATE_ROW_COUNT_CONF  # noqa: E402
 from glasspipe_dev.clickhouse import ClickHouseServer  # noqa: E402
@@ -152,7 +154,7 @@ def main() -> None:
     ap.add_argument("--trigger", default="1s", help="batching.maxDelay (micro-batch interval)")
     ap.add_argument("--max-per-trigger", type=int, default=30_000,
                     help="maxOffsetsPerTrigger per source (bounds a micro-batch; 0: unbounded)")
-    ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--conf", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                     help="extra Spark setting (spec.spark.conf), e.g. spark.sql.streaming.join.stateFormatVersion=4")
     args = ap.parse_args()
     if args.hot_share is not None and (args.partitions < 2 or not 0 <= args.hot_share <= 1):
@@ -198,7 +200,7 @@ def main() -> None:
         conf["spark.sql.streaming.numRecentProgressUpdates"] = str(
             int((args.seconds + 120) * 1000 / max(parse_duration_ms(args.trigger), 1)) + 100)
         conf.update(STRICT_CODEGEN_CONF)  # a run interpreted for a compile error measures nothing
-        conf.update(kv.split("=", 1) for kv in args.conf)
+        conf.update(args.conf)
         config = load_job_config(config_from_resource(doc))
         spark = local_session("glasspipe-bench-join", config.spark_conf)
         # glasspipe turns RocksDB's row count off (a read per write): then numRowsTotal is 0, not the state's size

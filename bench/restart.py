@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from arg_types import key_value
 from exact_check import check_exact
 from freshness import pipeline_file
 from job_log import JobLog
@@ -75,10 +76,10 @@ def main() -> None:
     p.add_argument("--trigger", default="1s", help="batching.maxDelay (the micro-batch interval)")
     p.add_argument("--window", default="2m", help="deduplication.window")
     p.add_argument("--trickle", type=float, default=1_000, help="events/s offered for 10 s after the restart")
-    p.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--spark-conf", action="append", type=key_value, default=[], metavar="KEY=VALUE",
                    help="a Spark setting for the pipeline's spec.spark.conf; repeatable")
     args = p.parse_args()
-    spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
+    spark_conf = dict(args.spark_conf)
     with (tempfile.TemporaryDirectory(prefix="gp-restart-") as d, KafkaServer(long_running=True) as kafka,
           ClickHouseServer() as ch):
         tmp, suffix = Path(d), uuid.uuid4().hex[:6]
