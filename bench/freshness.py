@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from arg_types import comma_separated, key_value
 from exact_check import check_every_event, check_exact
-from freshness_runs import EXAMPLE_WINDOW, SustainedSearch, kept_up, keys_outlive_run
+from freshness_runs import EXAMPLE_WINDOW, SustainedSearch, cpu_us_per_event, kept_up, keys_outlive_run
 from job_log import JobLog
 from join_stream import EXAMPLE_JOIN_WINDOW, RECORDS_A_PAIR, PairWorkload, check_joined, join_pipeline_file, users_topic
 from landed_rows import POLL_S, Poller, by_minute, quantile, trend, wait_for_rows
@@ -202,85 +202,41 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.stop.set()
         poller.join()
         lat, sent = poller.values(since=began)
-        if variant == "join":
-            exact, checked = check_joined(ch, table, workload.firsts)
-        elif variant in DEDUPLICATING:
-            exact, rows, distinct, reopened, too_close = check_exact(ch, table, workload.firsts,
-                                                                     window or EXAMPLE_WINDOW)
-            checked = (f"{rows} rows, {distinct} keys, {workload.firsts} first occurrences, {reopened} repeats a "
-                       f"window or more after their key's first row, {too_close} keys with two rows less than a "
-                       "window apart")
-        else:
-            events = int(warm["events"] + got["events"])
-            exact, rows, firsts = check_every_event(ch, table, events, workload.firsts)
-            checked = (f"{rows} rows of {events} events, {firsts} distinct first occurrences of {workload.firsts}; "
-                       "no deduplication: every event lands")
+        exact, checked = check_table(ch, table, variant, workload.firsts, int(warm["events"] + got["events"]),
+                                     window or EXAMPLE_WINDOW)
         job_log = JobLog.read(tmp / f"{table}.log")
         phases = job_log.phases(first_batch)
         batches = phases.pop("batches", 0)
-        offered = (f"{got['rate'] / per:8.0f} pairs/s for {got['seconds']:.0f} s ({got['events']:.0f} records; "
-                   f"join window {window}" if variant == "join" else
-                   f"{got['rate']:8.0f} ev/s for {got['seconds']:.0f} s ({got['events']:.0f} events, "
-                   f"{got['repeats']:.0f} repeats; {'scattered' if scattered_keys else 'ordered'} keys")
-        shape = f", {replicas} replicas" if replicas > 1 else ""
         # each a pass over every latency of the measured window (90 M in a half-hour soak): reckoned once
         p50, p95, p99, slowest = (quantile(lat, q) for q in (0.5, 0.95, 0.99, 1))
-        print(f"{VARIANTS[variant]}{shape}: offered {offered}; trigger {trigger}; producer linger {linger_ms} ms; "
-              f"the last {seconds:.0f} s measured): landed {len(lat)} rows; "
-              f"latency (polled every {poll * 1000:.0f} ms) "
-              f"p50 {p50:.2f} s, p95 {p95:.2f} s, p99 {p99:.2f} s, max {slowest:.2f} s; exact: {exact} ({checked})",
-              flush=True)
-        minutes = by_minute(sent, lat)
-        print("  latency by minute of the measured window, p50 / p95 / p99: " + "; ".join(
-            f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, (a, b, c) in minutes.items()), flush=True)
         early, late = trend(sent, lat)
-        landed = (f"all landed {drained:.1f} s after the last event was produced" if poller.rows >= workload.firsts
-                  else f"NOT all landed: {poller.rows} of {workload.firsts} first occurrences seen {drained:.1f} s "
-                  "after the last event was produced (the wait's limit; the exactness check above saw a table "
-                  "still filling)")
-        print(f"  median latency of the first fifth {early:.2f} s, of the last fifth {late:.2f} s; {landed}",
-              flush=True)
-        print("  CPU while offering, in cores: " + ", ".join(f"{k} {v / got['seconds']:.2f}" for k, v in cpu.items())
-              + f"; the pipeline {cpu['pipeline'] / max(got['events'] / per, 1) * 1e6:.0f} CPU-us per "
-              + ("pair" if variant == "join" else "event"), flush=True)
-        print(f"  {'replica 0' if replicas > 1 else 'the pipeline'}'s CPU by kind of thread, in cores: " + ", ".join(
-            f"{g.split(' (')[0]} {v / got['seconds']:.2f}" for g, v in sorted(by_thread.items(), key=lambda kv: -kv[1])
-            if v / got["seconds"] >= 0.01), flush=True)
-        if batches:
-            print(f"  per micro-batch while measuring (median ms over {batches:.0f} batches with data): "
-                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(phases.items(), key=lambda kv: -kv[1])), flush=True)
-        fifths = job_log.phases_by_fifth(first_batch)
-        if fifths:
-            print("  by fifth of those batches, median ms of the trigger / foreachBatch / its Spark job: " + "; ".join(
-                f"{t:.0f} / {f:.0f} / {j:.0f}" for t, f, j in fifths), flush=True)
-        costs = job_log.cost_by_fifth(first_batch)
-        if costs:
-            print("  by fifth of the batches with data, the trigger's us an input row (median rows a batch): "
-                  + "; ".join(f"{us:.1f} ({rows})" for us, rows in costs), flush=True)
         # a state that only grows (no key expires; one replica reads every row): what a row costs as it does
         grows = replicas == 1 and variant in DEDUPLICATING and keys_outlive_run(
             parse_duration_ms(window or EXAMPLE_WINDOW) / 1000, seconds)
-        by_keys = job_log.cost_by_live_keys(workload.firsts) if grows else []
-        if len(by_keys) > 1:
-            print("  by ten million live keys (none expired), the trigger's us an input row: " + "; ".join(
-                f"to {upto / 1e6:.0f} M {us:.1f}" for upto, us in by_keys), flush=True)
-        return {"variant": variant, "replicas": replicas, "offered": got["rate"] / per, "seconds": got["seconds"],
-                "began": began,  # epoch s the measured window began: bench/machine_sampler.py --by-minute --since
-                "warmup_rate": warmup_rate, "settle": settle,
-                "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
-                "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
-                "scattered_keys": scattered_keys, "spark_conf": spark_conf,  # --spark-conf's settings, {} without
-                "landed": len(lat), "exact": exact, "p50": p50, "p95": p95, "p99": p99, "max": slowest,
-                "first_fifth": early,
-                "last_fifth": late, "drained": drained, "phases_ms": phases, "phases_by_fifth_ms": fifths,
-                "trigger_us_per_row_by_fifth": costs,
-                "trigger_us_per_row_by_live_keys": by_keys,  # [keys up to, us a row]; [] where keys expire
-                # [minute, p50, p95, p99] of the measured window's rows by the minute they were sent: a long run's shape
-                "by_minute": [[m, *percentiles] for m, percentiles in minutes.items()],
-                # first occurrences in all, seen by the end of the wait, and of the measured window's events
-                "firsts": workload.firsts, "firsts_seen": poller.rows, "firsts_measured": len(plan) - plan.repeats,
-                "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
-                "pipeline_cores_by_thread": {k: v / got["seconds"] for k, v in by_thread.items()}}
+        run = {"variant": variant, "replicas": replicas, "offered": got["rate"] / per, "seconds": got["seconds"],
+               "measured_s": seconds,  # the measured window: the last of the "seconds" offered (``settle`` before it)
+               "began": began,  # epoch s the measured window began: bench/machine_sampler.py --by-minute --since
+               "warmup_rate": warmup_rate, "settle": settle,
+               "trigger": trigger, "poll_s": poll, "linger_ms": linger_ms,
+               "max_rows": max_rows, "window": window, "max_offsets": max_offsets,  # None: the example's / derived
+               "scattered_keys": scattered_keys, "spark_conf": spark_conf,  # --spark-conf's settings, {} without
+               # Kafka records offered in the measured window (a join's pair is two) and the repeats among them
+               "events": got["events"], "repeats": got["repeats"],
+               "landed": len(lat), "exact": exact, "exact_detail": checked,
+               "p50": p50, "p95": p95, "p99": p99, "max": slowest, "first_fifth": early,
+               "last_fifth": late, "drained": drained, "batches": batches, "phases_ms": phases,
+               "phases_by_fifth_ms": job_log.phases_by_fifth(first_batch),
+               "trigger_us_per_row_by_fifth": job_log.cost_by_fifth(first_batch),
+               # [keys up to, us a row]; [] where keys expire
+               "trigger_us_per_row_by_live_keys": job_log.cost_by_live_keys(workload.firsts) if grows else [],
+               # [minute, p50, p95, p99] of the measured window's rows by the minute they were sent: a long run's shape
+               "by_minute": [[m, *percentiles] for m, percentiles in by_minute(sent, lat).items()],
+               # first occurrences in all, seen by the end of the wait, and of the measured window's events
+               "firsts": workload.firsts, "firsts_seen": poller.rows, "firsts_measured": len(plan) - plan.repeats,
+               "cpu_cores": {k: v / got["seconds"] for k, v in cpu.items()},
+               "pipeline_cores_by_thread": {k: v / got["seconds"] for k, v in by_thread.items()}}
+        print("\n".join(run_text(run)), flush=True)
+        return run
     finally:
         shutil.rmtree(tmp / f"plan-{suffix}", ignore_errors=True)
         for job in jobs:
@@ -289,6 +245,63 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
             if keep_log is not None and log.exists():
                 keep_log.mkdir(parents=True, exist_ok=True)
                 shutil.copy(log, keep_log / f"{variant}-{int(rate)}-{log.name}")
+
+
+def check_table(ch: ClickHouseServer, table: str, variant: str, firsts: int, events: int,
+                window: str) -> tuple[bool, str]:
+    """Whether the run's table is exact for its variant (each pair's row once; each key's first occurrence once; or,
+    without deduplication, every one of the ``events`` offered), and the counts that say so."""
+    if variant == "join":
+        return check_joined(ch, table, firsts)
+    if variant in DEDUPLICATING:
+        exact, rows, distinct, reopened, too_close = check_exact(ch, table, firsts, window)
+        return exact, (f"{rows} rows, {distinct} keys, {firsts} first occurrences, {reopened} repeats a window or "
+                       f"more after their key's first row, {too_close} keys with two rows less than a window apart")
+    exact, rows, seen = check_every_event(ch, table, events, firsts)
+    return exact, (f"{rows} rows of {events} events, {seen} distinct first occurrences of {firsts}; no "
+                   "deduplication: every event lands")
+
+
+def run_text(run: dict[str, Any]) -> list[str]:
+    """A run's figures as the lines printed, read from its record alone (what ``--json`` stores), so that the
+    printout and the stored figures cannot disagree."""
+    join = run["variant"] == "join"
+    offered = (f"{run['offered']:8.0f} pairs/s for {run['seconds']:.0f} s ({run['events']:.0f} records; "
+               f"join window {run['window']}" if join else
+               f"{run['offered']:8.0f} ev/s for {run['seconds']:.0f} s ({run['events']:.0f} events, "
+               f"{run['repeats']:.0f} repeats; {'scattered' if run['scattered_keys'] else 'ordered'} keys")
+    shape = f", {run['replicas']} replicas" if run["replicas"] > 1 else ""
+    lines = [f"{VARIANTS[run['variant']]}{shape}: offered {offered}; trigger {run['trigger']}; producer linger "
+             f"{run['linger_ms']} ms; the last {run['measured_s']:.0f} s measured): landed {run['landed']} rows; "
+             f"latency (polled every {run['poll_s'] * 1000:.0f} ms) p50 {run['p50']:.2f} s, p95 {run['p95']:.2f} s, "
+             f"p99 {run['p99']:.2f} s, max {run['max']:.2f} s; exact: {run['exact']} ({run['exact_detail']})"]
+    lines.append("  latency by minute of the measured window, p50 / p95 / p99: " + "; ".join(
+        f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, a, b, c in run["by_minute"]))
+    drained, firsts = run["drained"], run["firsts"]
+    landed = (f"all landed {drained:.1f} s after the last event was produced" if run["firsts_seen"] >= firsts
+              else f"NOT all landed: {run['firsts_seen']} of {firsts} first occurrences seen {drained:.1f} s "
+              "after the last event was produced (the wait's limit; the exactness check above saw a table "
+              "still filling)")
+    lines.append(f"  median latency of the first fifth {run['first_fifth']:.2f} s, of the last fifth "
+                 f"{run['last_fifth']:.2f} s; {landed}")
+    lines.append("  CPU while offering, in cores: " + ", ".join(f"{k} {v:.2f}" for k, v in run["cpu_cores"].items())
+                 + f"; the pipeline {cpu_us_per_event(run, 'pipeline'):.0f} CPU-us per {'pair' if join else 'event'}")
+    lines.append(f"  {'replica 0' if run['replicas'] > 1 else 'the pipeline'}'s CPU by kind of thread, in cores: "
+                 + ", ".join(f"{g.split(' (')[0]} {v:.2f}" for g, v in
+                             sorted(run["pipeline_cores_by_thread"].items(), key=lambda kv: -kv[1]) if v >= 0.01))
+    if run["batches"]:
+        lines.append(f"  per micro-batch while measuring (median ms over {run['batches']:.0f} batches with data): "
+                     + ", ".join(f"{k} {v:.0f}" for k, v in sorted(run["phases_ms"].items(), key=lambda kv: -kv[1])))
+    if run["phases_by_fifth_ms"]:
+        lines.append("  by fifth of those batches, median ms of the trigger / foreachBatch / its Spark job: "
+                     + "; ".join(f"{t:.0f} / {f:.0f} / {j:.0f}" for t, f, j in run["phases_by_fifth_ms"]))
+    if run["trigger_us_per_row_by_fifth"]:
+        lines.append("  by fifth of the batches with data, the trigger's us an input row (median rows a batch): "
+                     + "; ".join(f"{us:.1f} ({rows})" for us, rows in run["trigger_us_per_row_by_fifth"]))
+    if len(run["trigger_us_per_row_by_live_keys"]) > 1:
+        lines.append("  by ten million live keys (none expired), the trigger's us an input row: " + "; ".join(
+            f"to {upto / 1e6:.0f} M {us:.1f}" for upto, us in run["trigger_us_per_row_by_live_keys"]))
+    return lines
 
 
 def main() -> None:
