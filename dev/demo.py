@@ -17,10 +17,9 @@ import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from confluent_kafka import Producer
-
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
+from glasspipe_dev.pipelines import produce
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "sms-dedup.yaml"
@@ -62,18 +61,6 @@ def sms_events(generated: int, dup_share: float, seed: int = 7) -> tuple[list[tu
     return records, expected
 
 
-def produce(bootstrap: str, records: list[tuple[str, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 50, "enable.idempotence": True})
-    for key, value in records:
-        while True:
-            try:
-                producer.produce(TOPIC, key=key.encode(), value=value)
-                break
-            except BufferError:
-                producer.poll(0.1)
-    assert producer.flush(60) == 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=50_000, help="generated events (besides the story)")
@@ -84,7 +71,7 @@ def main() -> int:
         kafka.create_topic(TOPIC, 4)
         kafka.create_topic(DLQ, 1)
         records, expected = sms_events(args.events, args.duplicates)
-        produce(kafka.bootstrap, records)
+        produce(kafka.bootstrap, TOPIC, [(key.encode(), value) for key, value in records])
         print(f"produced {len(records)} events to {TOPIC} (4 partitions), {len(expected)} distinct sms_id")
         started = time.monotonic()
         cmd = [sys.executable, "-m", "glasspipe.cli", "run", str(EXAMPLE), "--available-now",

@@ -248,6 +248,20 @@ class KafkaServer(RestartableServer):
             operation_timeout=timeout,
         )
         futures[name].result(timeout=timeout)
+        self._wait_for_leaders(admin, name, partitions, timeout)
+
+    def add_partitions(self, name: str, total: int, timeout: float = 30.0) -> None:
+        """Grow a topic to ``total`` partitions and wait until the broker serves every one: a producer that
+        asks for the topic's metadata just after the controller took the change can still be told the old
+        count, and its records for a new partition then fail as an unknown partition."""
+        from confluent_kafka.admin import NewPartitions
+
+        admin = self.admin()
+        admin.create_partitions([NewPartitions(name, total)], operation_timeout=timeout)[name].result(timeout=timeout)
+        self._wait_for_leaders(admin, name, total, timeout)
+
+    @staticmethod
+    def _wait_for_leaders(admin: AdminClient, name: str, partitions: int, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while True:
             topic = admin.list_topics(topic=name, timeout=5).topics.get(name)
@@ -259,7 +273,8 @@ class KafkaServer(RestartableServer):
             ):
                 return
             if time.monotonic() > deadline:
-                raise TimeoutError(f"topic {name} has no leader for every partition after {timeout:.0f} s")
+                raise TimeoutError(f"topic {name} has no leader for every one of {partitions} partitions after "
+                                   f"{timeout:.0f} s")
             time.sleep(0.1)
 
     def delete_topic(self, name: str, timeout: float = 30.0) -> None:

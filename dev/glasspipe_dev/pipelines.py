@@ -151,11 +151,19 @@ def duplicates_dropped(summary: str) -> int:
 def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
             partition_of: Any = None, timestamp_of: Any = None) -> int:
     """Produce (key, value) records; keys go to partitions by Kafka's default hashing unless told, with the
-    producer's clock as their timestamp unless ``timestamp_of(key, value)`` gives one (epoch ms)."""
+    producer's clock as their timestamp unless ``timestamp_of(key, value)`` gives one (epoch ms). A record the
+    broker did not take (e.g. for a partition it does not serve yet) fails the call: flush() alone counts only
+    the records still queued, and a failed one has left the queue."""
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+    failed: list[str] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        if err is not None:
+            failed.append(f"partition {msg.partition()}: {err.str()}")
+
     n = 0
     for key, value in records:
-        kwargs: dict[str, Any] = {"key": key, "value": value}
+        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
         if partition_of is not None:
             kwargs["partition"] = partition_of(key)
         if timestamp_of is not None:
@@ -169,6 +177,8 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
         n += 1
     if producer.flush(60) != 0:
         raise RuntimeError("records were not delivered")
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {n} records to {topic} were not delivered, the first: {failed[0]}")
     return n
 
 

@@ -552,8 +552,6 @@ def test_partitions_added_to_the_topic_restart_the_query_after_a_whole_batch(
     """A continuous run looks for partitions added to its topics (every 30 s; 2 s here) and restarts its query in
     place: ended after the batch in flight, as a stop is, not interrupted inside it. The new partitions' records
     land, the old partition's are not read again."""
-    from confluent_kafka.admin import AdminClient, NewPartitions
-
     path, topic, table = pipeline(tmp_path, kafka, partitions=1)
     produce(kafka.bootstrap, topic, [sms(f"a-{i:03d}", "first", T0 + timedelta(seconds=i)) for i in range(100)])
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
@@ -563,10 +561,7 @@ def test_partitions_added_to_the_topic_restart_the_query_after_a_whole_batch(
         while _count(clickhouse, table) < 100:
             assert job.alive() and time.monotonic() < deadline, f"no rows landed; log:\n{job.log_tail()}"
             time.sleep(0.5)
-        admin = AdminClient({"bootstrap.servers": kafka.bootstrap})
-        for done in admin.create_partitions([NewPartitions(topic, 3)]).values():
-            done.result(30)
-        del admin  # its connections go now, not when Kafka stops after the test
+        kafka.add_partitions(topic, 3)
         produce(kafka.bootstrap, topic, [sms(f"b-{i:03d}", "first", T0 + timedelta(seconds=100 + i))
                                          for i in range(100)], partition_of=lambda key: 1 + int(key[2:]) % 2)
         deadline = time.monotonic() + 120  # one replica subscribes: Spark may read the new partitions before it
