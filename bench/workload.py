@@ -22,6 +22,7 @@ import argparse
 import heapq
 import os
 import random
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 from confluent_kafka import Producer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+
+from glasspipe_dev.pipelines import reporting_producer, require_delivered
 
 PROVIDERS = ("twilio", "vonage", "sinch")
 # Everything of a document up to its sent_at value, and what closes it: the bytes json.dumps(doc,
@@ -201,9 +206,11 @@ class Workload:
 LINGER_MS = 5  # librdkafka's default: a produce request per partition every 5 ms at most
 
 
-def _producer(bootstrap: str, linger_ms: int = LINGER_MS) -> Producer:
-    return Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True,
-                     "queue.buffering.max.messages": 1_000_000})
+def _producer(bootstrap: str, linger_ms: int = LINGER_MS) -> tuple[Producer, list[str]]:
+    """The harness's producer, and the list its failed deliveries go to: a record lost on the way in must not pass
+    for one the pipeline lost."""
+    return reporting_producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True,
+                               "queue.buffering.max.messages": 1_000_000})
 
 
 def _send(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
@@ -223,7 +230,7 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan | SpilledPlan, rate: flo
     produce requests: less CPU for this process and the broker (45 000/s for 30 s, no consumer, 5 -> 50 ms:
     this process 0.10 -> 0.09 cores, the broker 0.20 -> 0.12), and a record waits up to that long in the
     producer, which the latencies measured from ``sent_at`` include."""
-    producer = _producer(bootstrap, linger_ms)
+    producer, failed = _producer(bootstrap, linger_ms)
     n = len(plan)
     parts = ((part.keys, part.heads, part.topics or [topic] * len(part)) for part in plan.chunks())
     keys: list[bytes] = []
@@ -246,20 +253,20 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan | SpilledPlan, rate: flo
                 sent = end
         producer.poll(0)
         time.sleep(0.005)
-    producer.flush(60)
+    require_delivered(producer, failed, n)
     took = time.monotonic() - start
     return {"events": n, "repeats": plan.repeats, "firsts": n - plan.repeats, "seconds": took, "rate": n / took,
             "cpu": time.process_time() - cpu0}
 
 
-def fill(bootstrap: str, topic: str, plan: Plan, linger_ms: int = 50, timeout_s: float = 120) -> int:
+def fill(bootstrap: str, topic: str, plan: Plan, linger_ms: int = 50, timeout_s: float = 120) -> None:
     """Append all of ``plan``'s events as fast as the producer takes them, all with one sent_at (a topic to read
-    afterwards, not a paced stream: produce_plan). Returns how many were not delivered in ``timeout_s``."""
-    producer = _producer(bootstrap, linger_ms)
+    afterwards, not a paced stream: produce_plan); raises unless every one was delivered within ``timeout_s``."""
+    producer, failed = _producer(bootstrap, linger_ms)
     tail = sent_at(time.time()) + TAIL
     for key, head in zip(plan.keys, plan.heads, strict=True):
         _send(producer, topic, head + tail, key)
-    return int(producer.flush(timeout_s))
+    require_delivered(producer, failed, len(plan), timeout_s)
 
 
 def _main() -> None:

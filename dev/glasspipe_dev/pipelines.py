@@ -148,22 +148,37 @@ def duplicates_dropped(summary: str) -> int:
     return total_of(summary, "duplicates dropped")
 
 
-def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
-            partition_of: Any = None, timestamp_of: Any = None) -> int:
-    """Produce (key, value) records; keys go to partitions by Kafka's default hashing unless told, with the
-    producer's clock as their timestamp unless ``timestamp_of(key, value)`` gives one (epoch ms). A record the
-    broker did not take (e.g. for a partition it does not serve yet) fails the call: flush() alone counts only
-    the records still queued, and a failed one has left the queue."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "enable.idempotence": True})
+def reporting_producer(conf: dict[str, Any]) -> tuple[Producer, list[str]]:
+    """A producer that notes each record it could not deliver (and only those: a report a record would cost a
+    Python call each) in the list returned beside it, for ``require_delivered``. ``flush()`` alone counts only the
+    records still queued, and a failed one has left the queue: e.g. a record for a partition the broker does not
+    serve yet, just after the topic grew."""
     failed: list[str] = []
 
     def delivered(err: Any, msg: Any) -> None:
-        if err is not None:
-            failed.append(f"partition {msg.partition()}: {err.str()}")
+        failed.append(f"{msg.topic()} partition {msg.partition()}: {err.str()}")
 
+    return Producer({**conf, "delivery.report.only.error": True, "on_delivery": delivered}), failed
+
+
+def require_delivered(producer: Producer, failed: list[str], n: int, timeout_s: float = 60) -> None:
+    """Raise unless every one of the ``n`` records produced reached the broker within ``timeout_s``."""
+    left = producer.flush(timeout_s)
+    if left or failed:
+        raise RuntimeError(f"{left + len(failed)} of {n} records were not delivered ({left} still queued after "
+                           f"{timeout_s:.0f} s; the first failure: {failed[0] if failed else 'none'})")
+
+
+def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, bytes | None]],
+            partition_of: Any = None, timestamp_of: Any = None) -> int:
+    """Produce (key, value) records; keys go to partitions by Kafka's default hashing unless told, with the
+    producer's clock as their timestamp unless ``timestamp_of(key, value)`` gives one (epoch ms). Raises unless
+    the broker took every one."""
+    producer, failed = reporting_producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                                           "enable.idempotence": True})
     n = 0
     for key, value in records:
-        kwargs: dict[str, Any] = {"key": key, "value": value, "on_delivery": delivered}
+        kwargs: dict[str, Any] = {"key": key, "value": value}
         if partition_of is not None:
             kwargs["partition"] = partition_of(key)
         if timestamp_of is not None:
@@ -175,10 +190,7 @@ def produce(bootstrap: str, topic: str, records: Iterable[tuple[bytes | None, by
             except BufferError:
                 producer.poll(0.1)
         n += 1
-    if producer.flush(60) != 0:
-        raise RuntimeError("records were not delivered")
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {n} records to {topic} were not delivered, the first: {failed[0]}")
+    require_delivered(producer, failed, n)
     return n
 
 

@@ -60,7 +60,8 @@ def test_a_record_the_broker_did_not_take_fails_produce(kafka: KafkaServer) -> N
     clean flush (which counts only the records still queued)."""
     topic = f"smoke-{uuid.uuid4().hex[:8]}"
     kafka.create_topic(topic, 1)
-    with pytest.raises(RuntimeError, match=r"1 of 2 records to smoke-\w+ were not delivered, the first: partition 3"):
+    with pytest.raises(RuntimeError, match=r"1 of 2 records were not delivered \(0 still queued after 60 s; the "
+                                           r"first failure: smoke-\w+ partition 3: "):
         produce(kafka.bootstrap, topic, [(b"a", b"1"), (b"b", b"2")], partition_of=lambda key: 3 if key == b"b" else 0)
 
 
