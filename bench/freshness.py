@@ -146,14 +146,13 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
     if variant == "join":  # ``topic`` has the orders
         kafka.create_topic(users_topic(topic), 4)
         window = window or EXAMPLE_JOIN_WINDOW
-        path = join_pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window)
-    elif variant != "plain":
-        path = pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
-                             dedup=variant in DEDUPLICATING, per_kafka_partition=variant == "dedup-partition",
-                             own_state=variant == "dedup-own")
     if variant == "plain":
         jobs = [start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")]
     else:
+        path = join_pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window) if variant == "join" \
+            else pipeline_file(tmp, topic, table, trigger, spark_conf, max_rows, window, max_offsets=max_offsets,
+                               dedup=variant in DEDUPLICATING, per_kafka_partition=variant == "dedup-partition",
+                               own_state=variant == "dedup-own")
         env = {"SPARK_SUBMIT_OPTS": jfr_driver_options(tmp / f"jfr-start-{suffix}.jfr")} if jfr is not None else {}
         if code is not None:  # another code tree's job (e.g. `git archive main | tar -x -C DIR`), for an A/B
             env["PYTHONPATH"] = ":".join(str(code / d) for d in ("operator", "sparkapp"))

@@ -61,16 +61,17 @@ class PairWorkload:
 
 
 def join_pipeline_file(tmp: Path, orders: str, table: str, trigger: str, spark_conf: dict[str, str],
-                       max_rows: int, window: str) -> Path:
-    """examples/orders-users-join.yaml (an inner join within ``window``) on ``orders`` and its users' topic into
-    ``table``, sorted by seq (the poller's ``seq > n`` then reads the newest rows only)."""
+                       max_rows: int, window: str | None) -> Path:
+    """examples/orders-users-join.yaml (an inner join within ``window``; None: the example's) on ``orders`` and its
+    users' topic into ``table``, sorted by seq (the poller's ``seq > n`` then reads the newest rows only)."""
     doc = load_example("orders-users-join.yaml")
     name = table.replace("_", "-")
     doc["metadata"]["name"] = name
     spec = doc["spec"]
     for source, topic in zip(spec["sources"], (orders, users_topic(orders)), strict=True):
         source["kafka"]["topic"] = topic
-    spec["join"]["window"] = window
+    if window is not None:  # else the example's, EXAMPLE_JOIN_WINDOW
+        spec["join"]["window"] = window
     sink = spec["sink"]["clickhouse"]
     sink.update(table=table, orderBy=["seq"], batching={"maxRows": max_rows, "maxDelay": trigger})
     sink["columns"] += [{"name": "seq", "expression": "cast(substring(orders.order_id, 2) AS BIGINT)", "type": "Int64"},
