@@ -7,7 +7,6 @@ server itself is stopped for ~10 s while a batch is being written.
 from __future__ import annotations
 
 import datetime as dt
-import random
 import signal
 import subprocess
 import sys
@@ -29,29 +28,9 @@ from glasspipe_dev.sinks import sink_from_settings
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
 from glasspipe_job.clickhouse.sink import ClickHouseSink, WriteResult
+from sink_rows import COLS, T0, Crash, rows, stats
 
 pytestmark = pytest.mark.integration
-
-COLS = [
-    OutputColumn("id", "`id`", "Int64", "s.id"),
-    OutputColumn("key", "`key`", "String", "s.key"),
-    OutputColumn("ts", "`ts`", "DateTime", "s.ts"),
-    OutputColumn("v", "`v`", "Nullable(Float64)", "s.v"),
-]
-T0 = dt.datetime(2024, 5, 1, tzinfo=dt.UTC)
-
-
-def rows(lo: int, hi: int, shuffle: int | None = None) -> dict[str, list[Any]]:
-    ids = list(range(lo, hi))
-    if shuffle is not None:  # a replay may bring the same rows in another order
-        random.Random(shuffle).shuffle(ids)
-    return {
-        "id": ids,
-        "key": [f"k{i % 97}" for i in ids],
-        "ts": [T0 + dt.timedelta(seconds=i) for i in ids],
-        "v": [None if i % 10 == 0 else i / 4 for i in ids],
-    }
-
 
 def new_table() -> str:
     return "sink_" + uuid.uuid4().hex[:10]
@@ -62,12 +41,6 @@ def sink_for(server: ClickHouseServer, table: str, **kw: Any) -> ClickHouseSink:
     kw.setdefault("create_table", True)
     kw.setdefault("writer_id", "default.pipe-0")
     return sink_from_settings([f"{server.host}:{server.port}"], "default", table, COLS, **kw)
-
-
-def stats(server: ClickHouseServer, table: str) -> tuple[int, int]:
-    """(rows, distinct ids) of a table: equal when nothing was written twice."""
-    ((n, uniq),) = server.client().execute(f"SELECT count(), uniqExact(id) FROM {table}")
-    return int(n), int(uniq)
 
 
 def ledger_rows(server: ClickHouseServer, writer: str) -> list[tuple[int, int, int, str]]:
@@ -107,10 +80,6 @@ def test_replay_of_a_committed_batch_writes_nothing(clickhouse: ClickHouseServer
         "default.pipe-0/0/200-250",
         "default.pipe-0/1/0-50",
     ]
-
-
-class Crash(BaseException):
-    """Stands for the driver process dying: not an Exception, so the sink does not retry it."""
 
 
 def die_after_chunks(sink: ClickHouseSink, table: str, chunks: int) -> None:

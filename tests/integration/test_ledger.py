@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from clickhouse_driver import Client
-from tests.integration.test_clickhouse_sink import COLS, Crash, rows, stats
 
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.sinks import sink_from_settings
@@ -20,6 +19,7 @@ from glasspipe_job import handover as ho
 from glasspipe_job.clickhouse.errors import SinkError
 from glasspipe_job.clickhouse.names import LEDGER_TABLE, MARKER_COLUMN
 from glasspipe_job.clickhouse.sink import ClickHouseSink
+from sink_rows import COLS, Crash, rows, stats
 
 pytestmark = pytest.mark.integration
 
