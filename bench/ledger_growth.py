@@ -51,7 +51,7 @@ def median_ms(fn: Callable[[], Any], runs: int) -> float:
 
 def decide(rows: list[Any]) -> None:
     """What prepare_handover decides from the rows (a new start; resumable's read is ledger_progress too)."""
-    ho.new_start("x", rows, {TOPIC: {0: 0, 1: 0, 2: 0}}, {}, {TOPIC: 0})
+    ho.new_start("x", rows, {TOPIC: {0: 0, 1: 0, 2: 0}}, {}, {TOPIC: 0}, {})
     next_generation(rows)
 
 
@@ -68,7 +68,7 @@ def main() -> int:
         table.open()
         ledger = Ledger(table)
         for w in range(3):
-            ledger.claim(PREFIX, f"{PREFIX}{w}of3-abc123", 1, f'[{{"{TOPIC}": {{"{w}": 0}}}}]')
+            ledger.claim(PREFIX, f"{PREFIX}{w}of3-abc123", 1, f'[{{"{TOPIC}": {{"{w}": 0}}}}]', {TOPIC: 3})
         fence = Fence(ledger, PREFIX, f"{PREFIX}0of3-abc123", 1, frozenset({(TOPIC, 0)}))
         client = ch.client()
         total = 0

@@ -10,7 +10,8 @@ its checkpoint is still the furthest point for its partitions:
   1. roll back batches that a stopped writer announced (``pending``) but never finished, on these
      partitions: their chunks are removed, so they are written again below, once;
   2. resume writing at the ledger's furthest offset per partition (else the consumer group's
-     committed offset, else ``startingOffsets``);
+     committed offset, else where an earlier writer claimed to start it, else EARLIEST for a partition
+     added since the pipeline first started, else ``startingOffsets``: ``new_start``);
   3. if the source deduplicates, read from ``window + allowedLateness`` before that point, through the
      dedup operator only (*warm-up*: rows before the resume offset update the state and are not
      written), so keys whose window is still open stay deduplicated across the rescale. A join re-reads
@@ -44,7 +45,8 @@ from confluent_kafka import Consumer, TopicPartition
 
 from glasspipe.api import models
 from glasspipe.api.durations import parse_duration_ms
-from glasspipe_job.clickhouse.ledger import DONE, PENDING, ROLLED_BACK, LateRange
+from glasspipe_job.clickhouse.ledger import CLAIMED, DONE, PENDING, ROLLED_BACK, LateRange
+from glasspipe_job.kafka_offsets import EARLIEST, LATEST
 
 log = logging.getLogger("glasspipe.job")
 
@@ -221,13 +223,38 @@ class NewStart:
     resume: Offsets
 
 
+def claimed_starts(rows: Sequence[tuple[str, int, str, str]]) -> Offsets:
+    """Per partition, the earliest point a writer of the pipeline claimed to start reading it at: EARLIEST, or an
+    offset. A claim's LATEST (written before the job resolved it to an offset) says nothing of where that was."""
+    out: Offsets = {}
+    for _writer, _gen, state, offsets in rows:
+        if state != CLAIMED:
+            continue
+        for topic, parts in _batch_offsets(offsets).items():
+            for p, off in parts.items():
+                known = out.setdefault(topic, {}).get(p)
+                if off != LATEST and (known is None or off == EARLIEST or (known != EARLIEST and off < known)):
+                    out[topic][p] = off
+    return out
+
+
 def new_start(writer_id: str, rows: Sequence[tuple[str, int, str, str]], owned: Offsets, committed: Offsets,
-              fallback: Mapping[str, int]) -> NewStart:
+              fallback: Mapping[str, int], first_partitions: Mapping[str, int]) -> NewStart:
     """Per owned partition, resume at the ledger's furthest done offset, else the consumer group's committed
-    offset, else ``fallback[topic]`` (kafka_offsets.EARLIEST or LATEST, from ``startingOffsets``)."""
-    progress = ledger_progress(rows)
-    resume = {t: {p: progress.get(t, {}).get(p, committed.get(t, {}).get(p, fallback[t])) for p in parts}
-              for t, parts in owned.items()}
+    offset, else where an earlier writer claimed to start it (none of its rows were written since), else at
+    EARLIEST for a partition added to the topic after the pipeline first started (``first_partitions``: the
+    topic's partition count then, as the ledger's claims recorded it; Spark's Kafka source reads the partitions
+    it discovers from their start too), else ``fallback[topic]`` (EARLIEST or LATEST, from ``startingOffsets``).
+    A LATEST left in ``resume`` is resolved to an offset by the caller before it is claimed."""
+    progress, claimed = ledger_progress(rows), claimed_starts(rows)
+
+    def resume_at(topic: str, p: int) -> int:
+        for known in (progress, committed, claimed):
+            if p in known.get(topic, {}):
+                return known[topic][p]
+        return EARLIEST if p >= first_partitions.get(topic, p + 1) else fallback[topic]
+
+    resume = {t: {p: resume_at(t, p) for p in parts} for t, parts in owned.items()}
     return NewStart(writer_id, abandoned_batches(rows, owned, writer_id), resume)
 
 

@@ -7,6 +7,7 @@ the pipeline's real lag, and a replica that takes over partitions starts where t
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
@@ -84,6 +85,16 @@ class ConsumerGroup:
         tps = _with_retries(f"reading offsets of group {self.group}", lambda: self.consumer.committed(
             [TopicPartition(topic, p) for p in partitions], timeout=timeout))
         return {tp.partition: tp.offset for tp in tps if tp.offset != OFFSET_INVALID and tp.offset >= 0}
+
+    def end_offsets(self, topic: str, partitions: Iterable[int], timeout: float = 30.0) -> dict[int, int]:
+        """Per partition, the offset the next record appended will get: where Spark's ``latest`` starts."""
+
+        def end(p: int) -> int:
+            _low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout)
+            return int(high)
+
+        return {p: _with_retries(f"reading the end offset of {topic}[{p}]", functools.partial(end, p))
+                for p in partitions}
 
     def commit(self, offsets: dict[str, dict[int, int]]) -> None:
         """Commit next-offsets-to-read (Spark's end offsets) synchronously."""

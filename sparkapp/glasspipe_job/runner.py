@@ -32,7 +32,7 @@ from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.failure import explain
 from glasspipe_job.join import build_join_stream, join_sides, join_state_plan
 from glasspipe_job.jvm import QueryEnd, partition_dedup_counts
-from glasspipe_job.kafka_offsets import ConsumerGroup, fallback_offset, owned_partitions
+from glasspipe_job.kafka_offsets import LATEST, ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import (
@@ -64,6 +64,7 @@ class SourceAssignment:
     source: models.Source
     group: ConsumerGroup
     partitions: list[int]
+    topic_partitions: int  # how many the topic had when they were assigned (recorded with the writer's claim)
 
     @property
     def owned(self) -> ho.Offsets:
@@ -88,11 +89,12 @@ def assign_partitions(config: JobConfig) -> list[SourceAssignment]:
     out = []
     for source in config.spec.sources:
         group = ConsumerGroup(config.librdkafka_options(source), config.consumer_group(source))
-        mine = owned_partitions(group.partitions(source.kafka.topic), config.replica, config.replicas)
+        every = group.partitions(source.kafka.topic)
+        mine = owned_partitions(every, config.replica, config.replicas)
         if not mine:
             raise UnsupportedPipeline(f"replica {config.replica} of {config.replicas} owns no partition of "
                                       f"{source.kafka.topic}: lower spec.replicas to at most its partition count")
-        out.append(SourceAssignment(source, group, mine))
+        out.append(SourceAssignment(source, group, mine, len(every)))
     return out
 
 
@@ -108,15 +110,30 @@ def make_table(config: JobConfig) -> ClickHouseTable:
                            order_by=table_sort_key(spec, config.columns))
 
 
-def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, owned: ho.Offsets) -> Fence:
+def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, owned: ho.Offsets,
+          assignments: list[SourceAssignment]) -> Fence:
     """Claim this replica's partitions in the ledger with a generation above every earlier claim: a writer
     of an older layout that is somehow still running sees it and stops (ledger.Fence)."""
     generation = next_generation(rows)  # rows (handover_rows) hold every claimed row of the pipeline
     offsets = json.dumps([{t: {str(p): o for p, o in sorted(parts.items())}} for t, parts in sorted(owned.items())])
-    ledger.claim(config.writer_prefix, writer_id, generation, offsets)
+    ledger.claim(config.writer_prefix, writer_id, generation, offsets,
+                 {a.source.kafka.topic: a.topic_partitions for a in assignments})
     log.info("writer %s claims %s (generation %d)", writer_id, {t: sorted(p) for t, p in owned.items()}, generation)
     return Fence(ledger, config.writer_prefix, writer_id, generation,
                  frozenset((t, p) for t, parts in owned.items() for p in parts))
+
+
+def latest_resolved(resume: ho.Offsets, assignments: list[SourceAssignment]) -> ho.Offsets:
+    """``resume`` with each LATEST replaced by the partition's end offset now: the claim records where this writer
+    starts, so a successor that takes over before its first batch is committed starts there too, and the
+    query reads every record appended from now on (Spark would look for "latest" only at its first trigger)."""
+    out = {t: dict(parts) for t, parts in resume.items()}
+    for a in assignments:
+        topic = a.source.kafka.topic
+        latest = [p for p, o in out.get(topic, {}).items() if o == LATEST]
+        if latest:
+            out[topic].update(a.group.end_offsets(topic, latest))
+    return out
 
 
 def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
@@ -138,7 +155,7 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     elif previous is not None:
         if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
-            return previous, claim(config, ledger, rows, previous.writer_id, previous.resume)
+            return previous, claim(config, ledger, rows, previous.writer_id, previous.resume, assignments)
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "
                     "since): set aside as %s", config.checkpoint_dir, files.set_aside())
     elif files.exists():
@@ -151,26 +168,28 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
         committed[topic] = a.group.committed(topic, a.partitions)
         fallback[topic] = fallback_offset(a.source.kafka.starting_offsets)
     start = ho.new_start(ho.new_writer_id(config.writer_prefix, config.replica, config.replicas), rows, owned,
-                         committed, fallback)
-    fence = claim(config, ledger, rows, start.writer_id, start.resume)
+                         committed, fallback, ledger.first_partition_counts(config.writer_prefix))
+    resume = latest_resolved(start.resume, assignments)
+    fence = claim(config, ledger, rows, start.writer_id, resume, assignments)
     for writer, batch, offsets in start.roll_back:
         log.warning("batch %d of stopped writer %s never finished: rolling it back", batch, writer)
         ledger.roll_back(writer, batch, offsets)
-    read_from: ho.Offsets = {t: dict(parts) for t, parts in start.resume.items()}
+    read_from: ho.Offsets = {t: dict(parts) for t, parts in resume.items()}
     for a in assignments:
         topic = a.source.kafka.topic
         lookback = ho.warmup_lookback_ms(a.source, config.spec.join)
-        if lookback is not None and any(o > 0 for o in start.resume[topic].values()):
-            read_from.update(ho.warmup_start(config.librdkafka_options(a.source), {topic: start.resume[topic]},
-                                             lookback))
-    decision = ho.Handover(start.writer_id, start.resume, read_from, plan)
+        continued = {p: o for p, o in start.resume[topic].items() if o > 0}  # not a partition read for the first time
+        if lookback is not None and continued:
+            read_from[topic].update(ho.warmup_start(config.librdkafka_options(a.source), {topic: continued},
+                                                    lookback)[topic])
+    decision = ho.Handover(start.writer_id, resume, read_from, plan)
     closed = closed_left_windows(config, ledger, decision)
     late = judged_late(config, ledger, rows, decision)
     decision = replace(decision, closed=closed, late=late)
     files.write(ho.HANDOVER_FILE, decision.to_json())
     ranges = sum(len(r) for parts in late.values() for r in parts.values())
     log.info("new checkpoint %s as writer %s: resume %s, read from %s%s%s", config.checkpoint_dir, start.writer_id,
-             start.resume, read_from, f", left rows closed by earlier writers {closed}" if closed else "",
+             resume, read_from, f", left rows closed by earlier writers {closed}" if closed else "",
              f", {ranges} range(s) of records earlier writers found late in the warm-up" if ranges else "")
     return decision, fence
 

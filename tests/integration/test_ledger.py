@@ -77,7 +77,7 @@ def take_over(server: ClickHouseServer, table: str, prefix: str, writer: str, ow
     """What runner.prepare_handover does for a new checkpoint: roll back abandoned batches, resume."""
     sink = sink_with(server, table, writer, 100).open()
     ledger_rows = sink.ledger.pipeline_rows(prefix)
-    start = ho.new_start(writer, ledger_rows, owned, {}, {t: 0 for t in owned})
+    start = ho.new_start(writer, ledger_rows, owned, {}, {t: 0 for t in owned}, {})
     for w, b, offsets in start.roll_back:
         sink.ledger.roll_back(w, b, offsets)
     return sink
@@ -211,7 +211,7 @@ def test_a_paused_writer_that_wakes_after_its_successor_took_over_removes_its_ro
 
     a = sink_with(clickhouse, table, prefix + "0of1-aaaa", 100, hook).open()
     a_gen = next_generation(a.ledger.claims(prefix))
-    a.ledger.claim(prefix, a.writer_id, a_gen, '[{"t":{"0":0}}]')
+    a.ledger.claim(prefix, a.writer_id, a_gen, '[{"t":{"0":0}}]', {"t": 1})
     a.fence = Fence(Ledger(a.table), prefix, a.writer_id, a_gen, owned)
     a.write_batch(0, rows(0, 100), '[{"t":{"0":100}}]')
     outcome: list[BaseException | None] = []
@@ -231,8 +231,8 @@ def test_a_paused_writer_that_wakes_after_its_successor_took_over_removes_its_ro
     b = sink_with(clickhouse, table, prefix + "0of2-bbbb", 100).open()
     ledger_rows = b.ledger.handover_rows(prefix)
     b_gen = next_generation([*ledger_rows, *b.ledger.claims(prefix)])
-    b.ledger.claim(prefix, b.writer_id, b_gen, '[{"t":{"0":100}}]')  # B claims before it rolls anything back
-    start = ho.new_start(b.writer_id, ledger_rows, {"t": {0: 0}}, {}, {"t": 0})
+    b.ledger.claim(prefix, b.writer_id, b_gen, '[{"t":{"0":100}}]', {"t": 1})  # B claims before it rolls anything back
+    start = ho.new_start(b.writer_id, ledger_rows, {"t": {0: 0}}, {}, {"t": 0}, {})
     assert start.resume == {"t": {0: 100}} and [(w, n) for w, n, _ in start.roll_back] == [(a.writer_id, 1)]
     for w, n, o in start.roll_back:
         b.ledger.roll_back(w, n, o)
@@ -279,7 +279,7 @@ def test_a_replica_start_reads_only_the_ledger_rows_its_hand_over_decides_on(cli
         "toString(modulo(number, 3) + 4), '\":', toString(intDiv(number, 6) * 100), '}}]'), "
         "if(modulo(number, 2) = 0, 'pending', 'done') FROM numbers(360000)", {"p": prefix})
     for writer, gen in ((prefix + "0of3-cccc", 3), (prefix + "1of3-cccc", 3), (prefix + "2of3-cccc", 3)):
-        ledger.claim(prefix, writer, gen, f'[{{"t":{{"{int(writer[-6]) + 4}":0}}}}]')
+        ledger.claim(prefix, writer, gen, f'[{{"t":{{"{int(writer[-6]) + 4}":0}}}}]', {"t": 8})
 
     every = ledger.pipeline_rows(prefix)
     few = ledger.handover_rows(prefix)

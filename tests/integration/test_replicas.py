@@ -31,20 +31,22 @@ PARTITIONS = 6
 class Stream:
     """A keyed SMS stream on a 6-partition topic with a pipeline, and what ClickHouse should end with."""
 
-    def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, engine: str = "by-key") -> None:
+    def __init__(self, tmp_path: Path, kafka: KafkaServer, ch: ClickHouseServer, engine: str = "by-key",
+                 partitions: int = PARTITIONS, starting_offsets: str = "earliest") -> None:
         self.started: list[ServerProcess] = []
         STREAMS.append(self)
         suffix = uuid.uuid4().hex[:8]
         self.kafka, self.ch, self.tmp = kafka, ch, tmp_path
         self.name, self.topic, self.table = f"rep-{suffix}", f"rep-{suffix}", f"rep_{suffix}"
         self.group = default_consumer_group("default", self.name)  # `glasspipe run`'s namespace is "default"
-        kafka.create_topic(self.topic, PARTITIONS)
+        kafka.create_topic(self.topic, partitions)
         kafka.create_topic(f"{self.topic}-dlq", 1)
         doc = load_example("sms-dedup.yaml")
         doc["metadata"]["name"] = self.name
         spec = doc["spec"]
         spec["sources"][0]["kafka"]["topic"] = self.topic
         spec["sources"][0]["kafka"]["maxOffsetsPerTrigger"] = 3000
+        spec["sources"][0]["kafka"]["startingOffsets"] = starting_offsets
         if engine == "per-kafka-partition":  # the stream is keyed by sms_id
             spec["sources"][0]["deduplication"]["perKafkaPartition"] = True
         elif engine == "own-state":
@@ -208,6 +210,34 @@ def test_rescale_1_3_2_with_a_replica_killed_during_the_rescale(
     warmups = [line for f in tmp_path.glob("r*of*.log") for line in f.read_text().splitlines()
                if "new checkpoint" in line]
     assert any("read from" in w for w in warmups)
+
+
+def test_a_latest_pipeline_reads_partitions_added_while_it_rescaled_from_their_start(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """startingOffsets: latest reads what is appended from the writer's start (its claim) on. The topic grows
+    from 2 to 4 partitions while the pipeline is stopped for a rescale (1 -> 2 replicas): the new writers read the
+    added partitions from their start, as Spark's Kafka source reads partitions it discovers. (A new writer used
+    to start them at "latest" too, and every record appended to them before it started was lost.)"""
+    s = Stream(tmp_path, kafka, clickhouse, partitions=2, starting_offsets="latest")
+    s.produce(new=500, repeats=0)  # before the pipeline's first start: not read
+    s.firsts.clear()
+    jobs = [s.start(1, 0)]
+    deadline = time.monotonic() + 180
+    while "claims" not in (tmp_path / "r0of1.log").read_text():
+        assert jobs[0].alive() and time.monotonic() < deadline, jobs[0].log_tail(60)
+        time.sleep(0.2)
+    s.produce(new=1_000, repeats=300)
+    s.wait_drained(jobs)
+    stop_all(jobs)
+    kafka.add_partitions(s.topic, 4)
+    s.produce(new=2_000, repeats=0)  # keys move to other partitions now: no repeat of the first 1 000 keys
+    jobs = [s.start(2, i) for i in range(2)]
+    s.wait_drained(jobs)
+    stop_all(jobs)
+    s.assert_exact()
+    offsets = s.offsets()
+    assert sum(end for p, (_c, end) in offsets.items() if p >= 2) > 500, offsets  # the added partitions' records
 
 
 def test_the_group_never_moves_back_while_a_new_layout_warms_up(

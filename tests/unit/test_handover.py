@@ -12,6 +12,7 @@ from glasspipe_job.clickhouse.ledger import LateRange
 from glasspipe_job.handover import (
     Handover,
     abandoned_batches,
+    claimed_starts,
     closed_windows,
     is_superseded,
     judged_late,
@@ -22,7 +23,7 @@ from glasspipe_job.handover import (
     resumable,
     warmup_lookback_ms,
 )
-from glasspipe_job.kafka_offsets import EARLIEST, not_behind, owned_partitions
+from glasspipe_job.kafka_offsets import EARLIEST, LATEST, not_behind, owned_partitions
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -131,10 +132,36 @@ def test_a_checkpoint_is_resumed_only_with_its_record_and_while_not_overtaken() 
 
 
 def test_a_new_start_rolls_back_abandoned_batches_and_resumes_ledger_then_group_then_fallback() -> None:
-    start = new_start("ns.p.1of2-new", LEDGER, {"t": {1: 0, 3: 0, 5: 0}}, {"t": {3: 7, 1: 2}}, {"t": EARLIEST})
+    start = new_start("ns.p.1of2-new", LEDGER, {"t": {1: 0, 3: 0, 5: 0}}, {"t": {3: 7, 1: 2}}, {"t": EARLIEST}, {})
     assert start.writer_id == "ns.p.1of2-new"
     assert start.roll_back == [("ns.p.0of1-a", 1, '[{"t":{"0":20,"1":25}}]')]
     assert start.resume == {"t": {1: 12, 3: 7, 5: EARLIEST}}
+
+
+def test_a_partition_no_writer_read_resumes_where_one_claimed_it_else_at_earliest_if_added_since_the_first_start(
+) -> None:
+    """startingOffsets: latest. A writer claimed partitions 0-1 at resolved end offsets (the topic had 2), then
+    died before its first batch; partition 2 was added since. A new writer must read all three from where records
+    arrived after the pipeline started: partition 0 and 1 at the claimed offsets, partition 2 from its start
+    (LATEST would skip every record appended to it before this writer's start)."""
+    rows = [("ns.p.0of1-a", 1, "claimed", '[{"t":{"0":40,"1":55}}]'),
+            ("ns.p.0of1-a", 0, "pending", '[{"t":{"0":90,"1":95}}]'),
+            ("ns.p.0of2-b", 2, "claimed", '[{"t":{"0":-1}}]'),  # an earlier version's unresolved LATEST
+            ("ns.p.1of2-b", 2, "claimed", '[{"t":{"1":60}}]')]
+    assert claimed_starts(rows) == {"t": {0: 40, 1: 55}}
+    start = new_start("ns.p.0of1-c", rows, {"t": {0: 0, 1: 0, 2: 0}}, {}, {"t": LATEST}, {"t": 2})
+    assert start.resume == {"t": {0: 40, 1: 55, 2: EARLIEST}}
+    assert start.roll_back == [("ns.p.0of1-a", 0, '[{"t":{"0":90,"1":95}}]')]
+    # the ledger's progress and the group's offsets come first; a topic the claims did not count keeps startingOffsets
+    done = [*rows, ("ns.p.0of1-a", 0, "done", '[{"t":{"0":90,"1":95}}]')]
+    start = new_start("ns.p.0of1-c", done, {"t": {0: 0, 1: 0, 2: 0}, "u": {5: 0}}, {"t": {2: 3}},
+                      {"t": LATEST, "u": LATEST}, {"t": 2})
+    assert start.resume == {"t": {0: 90, 1: 95, 2: 3}, "u": {5: LATEST}}
+    # the first start of a pipeline: nothing claimed, nothing counted
+    assert new_start("ns.p.0of1-c", [], {"t": {0: 0, 4: 0}}, {}, {"t": LATEST}, {}).resume == {
+        "t": {0: LATEST, 4: LATEST}}
+    # an EARLIEST claim is the earliest point of all
+    assert claimed_starts([*rows, ("ns.p.0of1-d", 3, "claimed", '[{"t":{"1":-2}}]')]) == {"t": {0: 40, 1: EARLIEST}}
 
 
 def test_warm_up_reaches_back_the_longest_window_plus_the_lateness() -> None:

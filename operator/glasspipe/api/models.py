@@ -190,7 +190,10 @@ class KafkaSource(ApiModel):
     topic: str = Field(pattern=r"^[a-zA-Z0-9._-]+$", max_length=249, description="Topic to read.")
     starting_offsets: Literal["earliest", "latest"] = Field(
         "earliest",
-        description="Where a new pipeline starts when its consumer group has no committed offset yet.",
+        description="Where a new pipeline starts reading a partition its consumer group has no committed offset "
+        "for: earliest, at the partition's first record; latest, at the first record appended after the replica "
+        "started. A partition added to the topic after the pipeline first started is read from its first record "
+        "either way, as Spark reads the partitions it discovers.",
     )
     max_offsets_per_trigger: int | None = Field(
         None, ge=1, le=100_000_000,

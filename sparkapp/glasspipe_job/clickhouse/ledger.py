@@ -236,15 +236,18 @@ class Ledger:
         result: LedgerEntry | None = self.table.retrying("reading the ledger", q)
         return result
 
-    def claim(self, writer_prefix: str, writer_id: str, generation: int, offsets: str) -> None:
+    def claim(self, writer_prefix: str, writer_id: str, generation: int, offsets: str,
+              partitions: Mapping[str, int]) -> None:
         """Announce that ``writer_id`` (generation ``generation``) writes the partitions in ``offsets`` from now
         on: an older writer still running on any of them stops at its next check (Fence). Written as the
         writer's own row (what writers of earlier versions check) and under the pipeline's claims key (what
-        ``claims`` reads); replicas of one layout may share a generation, so the second row's token names
-        the writer."""
+        ``claims`` reads), there with each topic's partition count as the writer found it (``partitions``, read
+        back by ``first_partition_counts``); replicas of one layout may share a generation, so the second row's
+        token names the writer."""
         self.table.open()
         key = claims_key(writer_prefix)
-        indexed = json.dumps({"writer": writer_id, "offsets": json.loads(offsets)})
+        indexed = json.dumps({"writer": writer_id, "offsets": json.loads(offsets), "partitions": dict(partitions)},
+                             sort_keys=True)
 
         def write(_attempt: int) -> None:
             self.insert(writer_id, generation, 0, 0, offsets, state=CLAIMED)
@@ -252,24 +255,35 @@ class Ledger:
 
         self.table.retrying("claiming partitions in the ledger", write)
 
-    def claims(self, writer_prefix: str) -> list[LedgerRow]:
-        """The claims of one pipeline's writers, as (writer, generation, 'claimed', offsets): one row per
-        replica start, read by primary key (the fence check runs several times per batch)."""
+    def _claim_docs(self, writer_prefix: str) -> list[tuple[int, dict[str, Any]]]:
+        """(generation, document) of each claim under the pipeline's claims key: one read by primary key."""
         self.table.open()
 
-        def q(_attempt: int) -> list[LedgerRow]:
+        def q(_attempt: int) -> list[tuple[int, dict[str, Any]]]:
             rows = self._client.execute(
                 f"SELECT batch_id, offsets FROM {self.table.ledger_table} WHERE writer = %(k)s AND state = %(st)s",
                 {"k": claims_key(writer_prefix), "st": CLAIMED},
             )
-            out = []
-            for gen, doc in rows:
-                loaded = json.loads(doc)
-                out.append(LedgerRow(str(loaded["writer"]), int(gen), CLAIMED, json.dumps(loaded["offsets"])))
-            return out
+            return [(int(gen), json.loads(doc)) for gen, doc in rows]
 
-        result: list[LedgerRow] = self.table.retrying("reading the pipeline's claims", q)
+        result: list[tuple[int, dict[str, Any]]] = self.table.retrying("reading the pipeline's claims", q)
         return result
+
+    def claims(self, writer_prefix: str) -> list[LedgerRow]:
+        """The claims of one pipeline's writers, as (writer, generation, 'claimed', offsets): one row per
+        replica start, read by primary key (the fence check runs several times per batch)."""
+        return [LedgerRow(str(d["writer"]), gen, CLAIMED, json.dumps(d["offsets"]))
+                for gen, d in self._claim_docs(writer_prefix)]
+
+    def first_partition_counts(self, writer_prefix: str) -> dict[str, int]:
+        """Per topic, the fewest partitions a writer of the pipeline found when it claimed: the count when the
+        pipeline first started, so a partition numbered at or above it was added since (handover.new_start).
+        Topics only claims of earlier versions name (without counts) are left out."""
+        out: dict[str, int] = {}
+        for _gen, d in self._claim_docs(writer_prefix):
+            for topic, count in d.get("partitions", {}).items():
+                out[topic] = min(int(count), out.get(topic, int(count)))
+        return out
 
     def handover_rows(self, writer_prefix: str) -> list[LedgerRow]:
         """The rows of one pipeline's writers that the hand-over decides on, with the same outcome as every
