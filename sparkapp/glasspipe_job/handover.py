@@ -252,7 +252,8 @@ def new_start(writer_id: str, rows: Sequence[tuple[str, int, str, str]], owned: 
         for known in (progress, committed, claimed):
             if p in known.get(topic, {}):
                 return known[topic][p]
-        return EARLIEST if p >= first_partitions.get(topic, p + 1) else fallback[topic]
+        added_since = topic in first_partitions and p >= first_partitions[topic]
+        return EARLIEST if added_since else fallback[topic]
 
     resume = {t: {p: resume_at(t, p) for p in parts} for t, parts in owned.items()}
     return NewStart(writer_id, abandoned_batches(rows, owned, writer_id), resume)
