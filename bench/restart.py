@@ -28,8 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from arg_types import key_value
-from exact_check import check_exact
-from freshness import pipeline_file
+from freshness import check_table, pipeline_file
 from job_log import JobLog
 from landed_rows import Poller, wait_for_rows
 from workload import Workload, produce_plan
@@ -92,7 +91,8 @@ def main() -> None:
         workload = Workload(seed=int(args.rate))
         poller = Poller(ch, table)
         poller.start()
-        produce_plan(bootstrap, topic, workload.plan(int(args.rate * args.seconds), args.rate), args.rate)
+        burst = workload.plan(int(args.rate * args.seconds), args.rate)
+        produce_plan(bootstrap, topic, burst, args.rate)
         wait_for_rows(poller, workload.firsts, [job], 120, "before the crash's rows landed")
         wait_idle(tmp / "before.log")
         batches = JobLog.read(tmp / "before.log").last_batch() + 1
@@ -122,9 +122,8 @@ def main() -> None:
         for batch, rows, durations in [b for b in JobLog.read(tmp / "after.log").progress if b[1] > 0][:3]:
             print(f"  batch {batch}: {rows} rows, addBatch {durations.get('addBatch', 0):.0f} ms, "
                   f"triggerExecution {durations.get('triggerExecution', 0):.0f} ms")
-        exact, rows, keys, reopened, too_close = check_exact(ch, table, workload.firsts, args.window)
-        print(f"exact: {exact} ({rows} rows, {keys} keys, {workload.firsts} first occurrences, {reopened} reopened, "
-              f"{too_close} keys with two rows less than a window apart)", flush=True)
+        exact, detail = check_table(ch, table, "dedup", workload.firsts, len(burst) + len(trickle), args.window)
+        print(f"exact: {exact} ({detail})", flush=True)
 
 
 if __name__ == "__main__":
