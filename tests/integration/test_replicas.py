@@ -94,10 +94,10 @@ class Stream:
                "sent_at": (T0 + timedelta(milliseconds=ms)).isoformat()}
         return sms_id.encode(), dumps(doc)
 
-    def start(self, replicas: int, replica: int) -> ServerProcess:
+    def start(self, replicas: int, replica: int, env: dict[str, str] | None = None) -> ServerProcess:
         job = start_continuous(self.path, self.kafka.bootstrap, f"127.0.0.1:{self.ch.port}", self.checkpoint,
                                 self.tmp / f"r{replica}of{replicas}.log", "--replica", str(replica),
-                                "--replicas", str(replicas))
+                                "--replicas", str(replicas), env=env)
         self.started.append(job)
         return job
 
@@ -238,6 +238,36 @@ def test_a_latest_pipeline_reads_partitions_added_while_it_rescaled_from_their_s
     s.assert_exact()
     offsets = s.offsets()
     assert sum(end for p, (_c, end) in offsets.items() if p >= 2) > 500, offsets  # the added partitions' records
+
+
+def test_running_replicas_read_partitions_added_to_the_topic_from_their_start(
+    tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer
+) -> None:
+    """Two replicas run while the topic grows from 2 to 4 partitions: each restarts its query in place on its own
+    checkpoint, which names only its old partition; Spark's Kafka source (``assign``) reads the partition added to
+    it from its start, with startingOffsets: latest too."""
+    s = Stream(tmp_path, kafka, clickhouse, partitions=2, starting_offsets="latest")
+    jobs = [s.start(2, i, env={"GLASSPIPE_PARTITION_CHECK_SECONDS": "2"}) for i in range(2)]
+    deadline = time.monotonic() + 180
+    while not all("claims" in (tmp_path / f"r{i}of2.log").read_text() for i in range(2)):
+        assert all(j.alive() for j in jobs) and time.monotonic() < deadline, [j.log_tail(40) for j in jobs]
+        time.sleep(0.2)
+    s.produce(new=1_000, repeats=300)
+    s.wait_drained(jobs)
+    kafka.add_partitions(s.topic, 4)
+    s.produce(new=2_000, repeats=0)  # keys move to other partitions now: no repeat of the first 1 000 keys
+    deadline = time.monotonic() + 120
+    while not all("partitions owned changed" in (tmp_path / f"r{i}of2.log").read_text() for i in range(2)):
+        assert all(j.alive() for j in jobs) and time.monotonic() < deadline, [j.log_tail(40) for j in jobs]
+        time.sleep(0.5)
+    s.wait_drained(jobs)
+    stop_all(jobs)
+    s.assert_exact()
+    offsets = s.offsets()
+    assert sum(end for p, (_c, end) in offsets.items() if p >= 2) > 500, offsets  # the added partitions' records
+    for i in range(2):  # each writer claims the partition it took on, so a newer writer's claim of it fences it
+        log = (tmp_path / f"r{i}of2.log").read_text()
+        assert f"claims {{'{s.topic}': [{i}, {i + 2}]}}" in log[log.index("partitions owned changed"):], log[-3000:]
 
 
 def test_the_group_never_moves_back_while_a_new_layout_warms_up(
