@@ -233,7 +233,7 @@ def claimed_starts(rows: Sequence[tuple[str, int, str, str]]) -> Offsets:
         for topic, parts in _batch_offsets(offsets).items():
             for p, off in parts.items():
                 known = out.setdefault(topic, {}).get(p)
-                if off != LATEST and (known is None or off == EARLIEST or (known != EARLIEST and off < known)):
+                if off != LATEST and (known is None or off < known):  # EARLIEST (-2) is below every offset
                     out[topic][p] = off
     return out
 

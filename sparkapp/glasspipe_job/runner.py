@@ -110,17 +110,18 @@ def make_table(config: JobConfig) -> ClickHouseTable:
                            order_by=table_sort_key(spec, config.columns))
 
 
-def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, owned: ho.Offsets,
+def claim(config: JobConfig, ledger: Ledger, rows: list[LedgerRow], writer_id: str, starts: ho.Offsets,
           assignments: list[SourceAssignment]) -> Fence:
-    """Claim this replica's partitions in the ledger with a generation above every earlier claim: a writer
-    of an older layout that is somehow still running sees it and stops (ledger.Fence)."""
+    """Claim this replica's partitions (``starts``: each one's offset where this writer starts reading it) in the
+    ledger with a generation above every earlier claim: a writer of an older layout that is somehow still running
+    sees it and stops (ledger.Fence)."""
     generation = next_generation(rows)  # rows (handover_rows) hold every claimed row of the pipeline
-    offsets = json.dumps([{t: {str(p): o for p, o in sorted(parts.items())}} for t, parts in sorted(owned.items())])
+    offsets = json.dumps([{t: {str(p): o for p, o in sorted(parts.items())}} for t, parts in sorted(starts.items())])
     ledger.claim(config.writer_prefix, writer_id, generation, offsets,
                  {a.source.kafka.topic: a.topic_partitions for a in assignments})
-    log.info("writer %s claims %s (generation %d)", writer_id, {t: sorted(p) for t, p in owned.items()}, generation)
+    log.info("writer %s claims %s (generation %d)", writer_id, {t: sorted(p) for t, p in starts.items()}, generation)
     return Fence(ledger, config.writer_prefix, writer_id, generation,
-                 frozenset((t, p) for t, parts in owned.items() for p in parts))
+                 frozenset((t, p) for t, parts in starts.items() for p in parts))
 
 
 def latest_resolved(resume: ho.Offsets, assignments: list[SourceAssignment]) -> ho.Offsets:
