@@ -36,7 +36,7 @@ import logging
 import os
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -106,6 +106,16 @@ class Handover:
             return Handover.from_json(text)
         except (ValueError, KeyError, TypeError, AttributeError):
             return None
+
+    def with_partitions_added(self, owned: Offsets) -> Handover:
+        """The record with the ``owned`` partitions it does not name (added to the topic since this checkpoint
+        started) at EARLIEST: Spark reads the partitions it discovers from their start, and takes specific
+        starting offsets (a checkpoint without the query's first offsets) only when they name every partition."""
+        def completed(offsets: Offsets) -> Offsets:
+            return {t: {**{p: EARLIEST for p in owned.get(t, {})}, **offsets.get(t, {})}
+                    for t in sorted({*offsets, *owned})}
+
+        return replace(self, resume=completed(self.resume), read_from=completed(self.read_from))
 
     def warmup_partitions(self) -> Offsets:
         """Partitions whose query starts before the resume offset (these have warm-up rows)."""

@@ -32,7 +32,7 @@ from glasspipe_job.config import JobConfig, UnsupportedPipeline
 from glasspipe_job.failure import explain
 from glasspipe_job.join import build_join_stream, join_sides, join_state_plan
 from glasspipe_job.jvm import QueryEnd, partition_dedup_counts
-from glasspipe_job.kafka_offsets import EARLIEST, LATEST, ConsumerGroup, fallback_offset, owned_partitions
+from glasspipe_job.kafka_offsets import LATEST, ConsumerGroup, fallback_offset, owned_partitions
 from glasspipe_job.metrics import JobMetrics, ProgressListener
 from glasspipe_job.session import driver_heap_bytes
 from glasspipe_job.transform import (
@@ -156,9 +156,8 @@ def prepare_handover(spark: SparkSession, config: JobConfig, ledger: Ledger,
     elif previous is not None:
         if ho.resumable(previous, files.latest_committed(), rows):
             log.info("resuming checkpoint %s as writer %s", config.checkpoint_dir, previous.writer_id)
-            # partitions added to the topic since the checkpoint started: Spark reads them from their start
-            reads = {t: {**{p: EARLIEST for p in parts}, **previous.resume.get(t, {})} for t, parts in owned.items()}
-            return previous, claim(config, ledger, rows, previous.writer_id, reads, assignments)
+            resumed = previous.with_partitions_added(owned)
+            return resumed, claim(config, ledger, rows, previous.writer_id, resumed.resume, assignments)
         log.warning("checkpoint %s is behind the pipeline's ledger (another replica layout wrote its partitions "
                     "since): set aside as %s", config.checkpoint_dir, files.set_aside())
     elif files.exists():

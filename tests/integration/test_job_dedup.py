@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import threading
 import time
@@ -545,6 +546,35 @@ def test_a_signal_to_the_jobs_process_group_stops_it_between_micro_batches(
     assert "the query ended between micro-batches" in log and "Failed to cancel job group" not in log, log[-6000:]
     written = total_of(totals(log), "rows written")
     assert written > 0 and written == _count(clickhouse, table), (written, totals(log))
+
+
+def test_a_checkpoint_stopped_before_its_first_offsets_reads_partitions_added_since(
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    """A replica killed after it wrote its hand-over record but before Spark wrote the query's first offsets (the
+    first seconds of a new checkpoint) resumes that record; partitions added to the topic meanwhile are not in it,
+    and Spark takes specific starting offsets only when they name every partition. The record's offsets are
+    completed with the added partitions (from their start), and every record lands."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1)
+    ckpt = tmp_path / "ckpt"
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", ckpt, tmp_path / "job.log")
+    try:  # an empty topic: a hand-over record and the query's first offsets, no batch
+        deadline = time.monotonic() + 180
+        while "query started" not in (tmp_path / "job.log").read_text():
+            assert job.alive() and time.monotonic() < deadline, job.log_tail(60)
+            time.sleep(0.2)
+    finally:
+        job.kill()
+    [record] = list(ckpt.glob("**/glasspipe-handover.json"))
+    for entry in record.parent.iterdir():  # a kill a moment earlier: the record alone
+        if entry != record:
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    kafka.add_partitions(topic, 3)
+    produce(kafka.bootstrap, topic, [sms(f"c-{i:03d}", "first", T0 + timedelta(seconds=i)) for i in range(90)],
+            partition_of=lambda key: int(key[2:]) % 3)
+    done = run_to_end(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", ckpt)
+    assert "resuming checkpoint" in done.stderr, done.stderr[-4000:]
+    landed = clickhouse.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0]
+    assert landed == (90, 90), done.stderr[-6000:]
 
 
 def test_partitions_added_to_the_topic_restart_the_query_after_a_whole_batch(

@@ -164,6 +164,16 @@ def test_a_partition_no_writer_read_resumes_where_one_claimed_it_else_at_earlies
     assert claimed_starts([*rows, ("ns.p.0of1-d", 3, "claimed", '[{"t":{"1":-2}}]')]) == {"t": {0: 40, 1: EARLIEST}}
 
 
+def test_a_resumed_record_names_the_partitions_added_since_at_earliest() -> None:
+    """Spark takes specific starting offsets only when they name every partition it reads."""
+    previous = Handover("ns.p.0of2-a", {"t": {0: 30}}, {"t": {0: 12}}, "plan")
+    resumed = previous.with_partitions_added({"t": {0: 0, 2: 0}})
+    assert resumed.read_from == {"t": {0: 12, 2: EARLIEST}} and resumed.resume == {"t": {0: 30, 2: EARLIEST}}
+    assert resumed.warmup_partitions() == {"t": {0: 30}}  # the added partition has no warm-up
+    assert (resumed.writer_id, resumed.plan) == (previous.writer_id, previous.plan)
+    assert previous.with_partitions_added({"t": {0: 0}}) == previous
+
+
 def test_warm_up_reaches_back_the_longest_window_plus_the_lateness() -> None:
     doc = yaml.safe_load((ROOT / "examples" / "dedup-then-join.yaml").read_text())
     spec, _ = validate_resource(doc)
