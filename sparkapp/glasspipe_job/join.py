@@ -188,6 +188,7 @@ def _kept_side(checked: DataFrame, source: models.Source, keys: Sequence[str], s
         F.when(passes, F.col(REASON)).alias(REASON),
         F.col("_gp_partition").alias(_PARTITION),
         F.col("_gp_offset").alias(_OFFSET),
+        F.col(KAFKA_TIMESTAMP),
         struct_of(left),
         struct_of(right),
     )
@@ -234,7 +235,7 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame], partit
         both, [_key(i) for i in range(len(join.left.keys))], side_col=SIDE, event_time_col=EVENT_TIME,
         late_col=PASS, warmup_col=WARMUP, partition_col=_PARTITION, offset_col=_OFFSET,
         left_col=left.name, right_col=right.name, window_seconds=parse_duration_ms(join.window) / 1000,
-        left_outer=join.type != "inner", closed_left=closed_left, judged_late=judged)
+        left_outer=join.type != "inner", kafka_time_col=KAFKA_TIMESTAMP, closed_left=closed_left, judged_late=judged)
     late = F.col(PASS)  # dead and late rows
     # late rows (flagged by a side's dedup operator or by the join operator) get their reason here;
     # dead rows keep their own
@@ -251,10 +252,11 @@ def build_join_stream(config: JobConfig, parsed: Mapping[str, DataFrame], partit
         # a joined row is warm-up when both of its rows are (the previous replica layout wrote it); a
         # late warm-up row was dead-lettered by that layout; an unmatched left row is not
         WARMUP,
-        # freshness: the Kafka timestamps are not kept in the join state (so no end-to-end latency for
-        # joined rows); a joined row's event time is its later side's; a late row keeps its own (its batch's ledger
-        # row records the late rows' ranges, handover.judged_late), a dead row has none
-        F.lit(None).cast("timestamp").alias(KAFKA_TIMESTAMP),
+        # freshness: a joined row's Kafka timestamp is the later of its rows' that arrived in this batch (the
+        # record that made the pair; the join state keeps none), an unmatched left row's NULL (its window's close
+        # emitted it: no end-to-end latency); its event time is its later side's; a late row keeps its own (its
+        # batch's ledger row records the late rows' ranges, handover.judged_late), a dead row has none
+        F.col(KAFKA_TIMESTAMP),
         F.when(~late | late_here, F.col(EVENT_TIME)).alias(EVENT_TIME),
     )
     return select_output(joined, config)

@@ -222,6 +222,7 @@ def temporal_join(
     right_col: str,
     window_seconds: float,
     left_outer: bool,
+    kafka_time_col: str | None = None,
     closed_left: Mapping[int, Sequence[tuple[int, int]]] | None = None,
     judged_late: tuple[JudgedLateRanges, JudgedLateRanges] | None = None,
 ) -> DataFrame:
@@ -231,7 +232,9 @@ def temporal_join(
     arrives, as a row with ``side_col`` = JOIN_BOTH and both structs (``left_col``, ``right_col``). Rows
     are evicted by event-time timers once the watermark reaches ``t + window`` (an inner join's timers, a
     bucket of keys each, up to half a window later); with ``left_outer`` a left row that matched
-    nothing is emitted then (side JOIN_LEFT, right struct NULL). Rows with
+    nothing is emitted then (side JOIN_LEFT, right struct NULL). ``kafka_time_col``: the records' Kafka timestamps; a
+    joined row has the later of its two rows' that arrived in its batch (the record that made the pair), an
+    unmatched left row NULL (its window's close emits it). Rows with
     ``late_col`` true, or NULL and at or below the watermark, pass through at once (late flag true)
     without entering state. The query must define a watermark upstream, but no column of ``df`` may
     carry its mark (Spark would drop late rows first); the result has ``df``'s columns and no
@@ -245,7 +248,7 @@ def temporal_join(
     if window_ms < 0:
         raise ValueError(f"window_seconds must not be negative, got {window_seconds}")
     return _call_static(df, JOIN_ENTRY, "join", list(keys), side_col, event_time_col, late_col, warmup_col,
-                        partition_col, offset_col, left_col, right_col, window_ms, left_outer,
+                        partition_col, offset_col, kafka_time_col, left_col, right_col, window_ms, left_outer,
                         closed_windows_text(closed_left or {}), *(judged_late_text(j) for j in judged_late or ({}, {})))
 
 

@@ -1,5 +1,6 @@
 """Freshness metrics of a running job: every row written is observed once in the end-to-end latency and
-event-time lag histograms its /metrics serves, with ages that fit how the records were produced."""
+event-time lag histograms its /metrics serves, with ages that fit how the records were produced; a joined row's
+latency counts from the record that made its pair."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
-from glasspipe_dev.pipelines import dumps, load_example, produce, start_continuous, write_pipeline
+from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce, start_continuous, write_pipeline
 from glasspipe_dev.process import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar", "spark_jars")]
@@ -93,3 +95,58 @@ def test_latency_and_event_time_lag_are_observed_per_row_written(
     assert last == pytest.approx(newest, abs=1e-3), (last, newest)
     print(f"{uniques} rows produced in {produced_to - produced_from:.1f} s: mean end-to-end latency "
           f"{mean_latency:.2f} s, mean event-time lag {mean_lag:.2f} s")
+
+
+def test_a_joined_rows_latency_counts_from_the_record_that_made_its_pair(
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    """Orders first, their users 12 s after the orders were read: each joined row is observed once in the end-to-end
+    latency histogram, timed from its user's Kafka timestamp (under 10 s), not its order's (over 12 s)."""
+    suffix = uuid.uuid4().hex[:8]
+    orders, users, table = f"fresh-orders-{suffix}", f"fresh-users-{suffix}", f"fresh_join_{suffix}"
+    for topic in (orders, users):
+        kafka.create_topic(topic, 2)
+    kafka.create_topic(f"{orders}-dlq", 1)
+    doc = load_example("orders-users-join.yaml")
+    doc["metadata"]["name"] = f"fresh-{suffix}"
+    spec = doc["spec"]
+    spec["sources"][0]["kafka"]["topic"] = orders
+    spec["sources"][1]["kafka"]["topic"] = users
+    spec["sink"]["clickhouse"]["table"] = table
+    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 10_000, "maxDelay": "500ms"}
+    spec["deadLetter"]["topic"] = f"{orders}-dlq"
+    path = write_pipeline(doc, tmp_path)
+    port = free_port()
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
+                           tmp_path / "job.log", "--metrics-port", str(port))
+    n = 500
+    at = datetime.now(UTC) - timedelta(minutes=1)
+    try:
+        produce(kafka.bootstrap, orders, [(f"u-{i}".encode(), dumps(
+            {"order_id": f"o-{i}", "user_id": f"u-{i}", "amount": 1.0, "created_at": at.isoformat()}))
+            for i in range(n)])
+        group = default_consumer_group("default", f"fresh-{suffix}")
+        deadline = time.monotonic() + 180
+        while sum(c for c, _ in group_lag(kafka.bootstrap, group, orders).values()) < n:
+            assert job.alive() and time.monotonic() < deadline, job.log_tail(60)
+            time.sleep(0.5)
+        time.sleep(12)  # the orders wait in the join's state
+        users_from = time.time()
+        produce(kafka.bootstrap, users, [(f"u-{i}".encode(), dumps(
+            {"user_id": f"u-{i}", "country": "FR", "plan": "free", "updated_at": at.isoformat()}))
+            for i in range(n)])
+        got: dict[tuple[str, str], float] = {}
+        while got.get(("glasspipe_end_to_end_latency_seconds_count", ""), 0) < n:
+            assert job.alive() and time.monotonic() < deadline, job.log_tail(60)
+            time.sleep(0.5)
+            got = scrape(port)
+        seen_at = time.time()
+        time.sleep(2)  # nothing more arrives: each row is observed once
+        got = scrape(port)
+    finally:
+        job.stop()
+    assert clickhouse.client().execute(f"SELECT count(), uniqExact(order_id) FROM {table}") == [(n, n)]
+    assert got[("glasspipe_end_to_end_latency_seconds_count", "")] == n, got
+    assert got[("glasspipe_end_to_end_latency_seconds_bucket", "10.0")] == n, got
+    mean_latency = got[("glasspipe_end_to_end_latency_seconds_sum", "")] / n
+    assert 0 < mean_latency <= seen_at - users_from, (mean_latency, seen_at - users_from)
+    print(f"{n} pairs: mean end-to-end latency {mean_latency:.2f} s from the users' produce")

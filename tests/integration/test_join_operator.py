@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from state_progress import wait_state_rows
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar")]
 
-SCHEMA = "k string, side int, ts timestamp, id string, p int, o long, w boolean"
+SCHEMA = "k string, side int, ts timestamp, id string, p int, o long, w boolean, kt timestamp"
 WINDOW_S = 60
 LATENESS = "10 seconds"
 
@@ -46,6 +46,7 @@ class JoinStream:
         self.n = 0
         self.q: Any = None
         self.calls: dict[int, list[tuple[Any, ...]]] = {}
+        self.kafka_times: dict[tuple[Any, ...], datetime | None] = {}  # (key, left id, right id) -> Kafka time out
 
     def start(self) -> None:
         from pyspark.sql import functions as F
@@ -57,31 +58,36 @@ class JoinStream:
         rows = src.select(
             "k", "side",
             F.timestamp_micros(F.unix_micros("ts")).alias("et"),  # without the watermark's mark: no row dropped
-            F.lit(None).cast("boolean").alias("late"), F.coalesce("w", F.lit(False)).alias("warmup"), "p", "o",
+            F.lit(None).cast("boolean").alias("late"), F.coalesce("w", F.lit(False)).alias("warmup"), "p", "o", "kt",
             F.when(side == JOIN_LEFT, F.struct("id")).alias("l"),
             F.when(side == JOIN_RIGHT, F.struct("id")).alias("r"))
         out = temporal_join(rows, ["k"], side_col="side", event_time_col="et", late_col="late", warmup_col="warmup",
-                            partition_col="p", offset_col="o", left_col="l", right_col="r",
+                            partition_col="p", offset_col="o", kafka_time_col="kt", left_col="l", right_col="r",
                             window_seconds=WINDOW_S, left_outer=self.left_outer, closed_left=self.closed_left,
                             judged_late=self.judged_late)
         self.q = (out.writeStream.foreachBatch(self._collect).outputMode("append")
                   .option("checkpointLocation", str(self.ckpt)).start())
 
     def _collect(self, df: Any, batch_id: int) -> None:
+        rows = df.collect()
         self.calls[batch_id] = sorted(
             ((r.k, ("joined" if r.side == JOIN_BOTH else "late" if r.late else f"side {r.side}")
               + (" warm-up" if r.warmup else ""),  # a warm-up output row is not written (an earlier writer did)
-              r.l.id if r.l else None, r.r.id if r.r else None) for r in df.collect()), key=in_order)
+              r.l.id if r.l else None, r.r.id if r.r else None) for r in rows), key=in_order)
+        self.kafka_times.update(((r.k, r.l.id if r.l else None, r.r.id if r.r else None), r.kt) for r in rows)
 
     def step(self, rows: list[tuple[str | None, int, str, str]]) -> None:
         """One micro-batch of (key or NULL, side, event time, id) rows, in Kafka order (partition 0)."""
         self.step_at([(k, s, ts, i, False, 100 * self.n + j) for j, (k, s, ts, i) in enumerate(rows)])
 
-    def step_at(self, rows: list[tuple[str | None, int, str, str, bool, int]]) -> None:
-        """One micro-batch of (key or NULL, side, event time, id, warm-up, offset) rows (partition 0)."""
+    def step_at(self, rows: list[tuple[str | None, int, str, str, bool, int]],
+                kafka_times: list[str] | None = None) -> None:
+        """One micro-batch of (key or NULL, side, event time, id, warm-up, offset) rows (partition 0), with each
+        row's Kafka timestamp from ``kafka_times`` (none: NULL)."""
+        times: list[str | None] = list(kafka_times) if kafka_times else [None] * len(rows)
         tmp = self.src / f".f{self.n:04d}.json.tmp"
-        tmp.write_text("".join(json.dumps({"k": k, "side": s, "ts": ts, "id": i, "p": 0, "o": o, "w": w})
-                               + "\n" for k, s, ts, i, w, o in rows))
+        tmp.write_text("".join(json.dumps({"k": k, "side": s, "ts": ts, "id": i, "p": 0, "o": o, "w": w, "kt": kt})
+                               + "\n" for (k, s, ts, i, w, o), kt in zip(rows, times, strict=True)))
         os.rename(tmp, self.src / f"f{self.n:04d}.json")
         self.n += 1
         self.q.processAllAvailable()
@@ -137,6 +143,35 @@ def test_an_inner_join_matches_at_the_windows_bounds_and_evicts_past_them(spark:
         s.wait_state_rows(1)
     finally:
         s.stop()
+
+
+def test_a_joined_row_has_the_later_kafka_time_of_its_batchs_rows_and_an_unmatched_left_row_none(
+        spark: Any, tmp_path: Path) -> None:
+    """The Kafka timestamp a joined row carries (its end-to-end latency's start) is that of the record whose arrival
+    made the pair: the state keeps none, so a pair with a kept row has the fresh row's, a pair of two fresh rows the
+    later one's (whichever side); a left row emitted when its window closes has none."""
+    s = JoinStream(spark, tmp_path, left_outer=True)
+    s.start()
+    try:
+        s.step_at([("a", L, t("00:00"), "la", False, 0), ("b", L, t("00:00"), "lb", False, 1)],
+                  kafka_times=["2026-01-01T12:00:01Z", "2026-01-01T12:00:02Z"])
+        s.step_at([("a", R, t("00:10"), "ra", False, 100)], kafka_times=["2026-01-01T12:00:05Z"])
+        s.step_at([("c", L, t("00:20"), "lc", False, 200), ("c", R, t("00:21"), "rc", False, 201),
+                   ("d", L, t("00:20"), "ld", False, 202), ("d", R, t("00:22"), "rd", False, 203)],
+                  kafka_times=["2026-01-01T12:00:09Z", "2026-01-01T12:00:08Z",
+                               "2026-01-01T12:00:06Z", "2026-01-01T12:00:07Z"])
+        s.step_at([("z", L, t("10:00"), "lz", False, 300)], kafka_times=["2026-01-01T12:00:10Z"])
+        s.wait_rows([("a", "joined", "la", "ra"), ("c", "joined", "lc", "rc"), ("d", "joined", "ld", "rd"),
+                     ("b", "side 0", "lb", None)])
+    finally:
+        s.stop()
+
+    def utc(hms: str) -> datetime:
+        return datetime.fromisoformat(f"2026-01-01T{hms}+00:00")
+
+    got = {k: (v.astimezone(UTC) if v else None) for k, v in s.kafka_times.items()}
+    assert got == {("a", "la", "ra"): utc("12:00:05"), ("c", "lc", "rc"): utc("12:00:09"),
+                   ("d", "ld", "rd"): utc("12:00:07"), ("b", "lb", None): None}, got
 
 
 def test_an_inner_joins_buckets_resume_from_the_checkpoint(spark: Any, tmp_path: Path) -> None:

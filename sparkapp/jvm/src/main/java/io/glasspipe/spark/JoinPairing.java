@@ -28,9 +28,11 @@ import scala.jdk.javaapi.CollectionConverters;
  * touching state. A warm-up row is late only as the writer that read it first judged it (see {@link #isLate}).
  *
  * <p>Output rows have the input's columns: a joined row has side {@link #JOINED}, both structs, the later of the
- * two event times, the warm-up flag set only if both rows are warm-up rows, the late flag false; an unmatched left
- * row is the kept left row (warm-up false: written by the layout that closes its window, except a NULL key's, emitted
- * on arrival and so warm-up when its row is); a late row passes through with its late flag true.
+ * two event times, the later of the two Kafka timestamps that a row of this batch has (the record whose arrival
+ * made the pair; kept rows do not keep theirs), the warm-up flag set only if both rows are warm-up rows, the late
+ * flag false; an unmatched left row is the kept left row (warm-up false: written by the layout that closes its
+ * window, except a NULL key's, emitted on arrival and so warm-up when its row is; Kafka timestamp NULL, except that
+ * NULL key's); a late row passes through with its late flag true.
  *
  * <p>After a hand-over, a warm-up left row whose window an earlier writer closed ({@link ClosedWindows}) was written
  * by that writer, matched or with NULLs: it is dropped on arrival, so it is neither emitted unmatched again nor
@@ -57,6 +59,7 @@ final class JoinPairing implements Serializable {
   private final int warmupIndex;
   private final int partitionIndex;
   private final int offsetIndex;
+  private final int kafkaTimeIndex;
   private final int leftIndex;
   private final int rightIndex;
   private final int width;
@@ -72,15 +75,18 @@ final class JoinPairing implements Serializable {
     final int partition;
     final long offset;
     final boolean warmup;
+    /** A fresh row's Kafka timestamp (NULL on kept rows: the state does not keep it). */
+    final Object kafkaTime;
     boolean matched;
     /** The side's fields, carried and never read (their bytes: {@link PackedRows}). */
     final Object value;
 
-    Entry(Object time, int partition, long offset, boolean warmup, boolean matched, Object value) {
+    Entry(Object time, int partition, long offset, Object kafkaTime, boolean warmup, boolean matched, Object value) {
       this.time = time;
       this.micros = micros(time);
       this.partition = partition;
       this.offset = offset;
+      this.kafkaTime = kafkaTime;
       this.warmup = warmup;
       this.matched = matched;
       this.value = value;
@@ -111,7 +117,7 @@ final class JoinPairing implements Serializable {
       .thenComparingInt(e -> e.partition).thenComparingLong(e -> e.offset);
 
   JoinPairing(int[] keyIndexes, int sideIndex, int eventTimeIndex, int lateIndex, int warmupIndex, int partitionIndex,
-      int offsetIndex, int leftIndex, int rightIndex, int width, long windowMicros, boolean leftOuter,
+      int offsetIndex, int kafkaTimeIndex, int leftIndex, int rightIndex, int width, long windowMicros, boolean leftOuter,
       ClosedWindows closedLeft, JudgedLate judgedLeft, JudgedLate judgedRight) {
     this.keyIndexes = keyIndexes.clone();
     this.sideIndex = sideIndex;
@@ -120,6 +126,7 @@ final class JoinPairing implements Serializable {
     this.warmupIndex = warmupIndex;
     this.partitionIndex = partitionIndex;
     this.offsetIndex = offsetIndex;
+    this.kafkaTimeIndex = kafkaTimeIndex;
     this.leftIndex = leftIndex;
     this.rightIndex = rightIndex;
     this.width = width;
@@ -172,7 +179,8 @@ final class JoinPairing implements Serializable {
 
   /**
    * A key's kept rows, decoded from its state row ({@code null}: none). Only a batch's fresh rows are sorted by
-   * their Kafka coordinates, so the state does not keep them (they decode as -1).
+   * their Kafka coordinates and time a pair's latency by their Kafka timestamp, so the state does not keep them (they
+   * decode as -1 and NULL).
    */
   Sides decode(Row state) {
     return new Sides(decodeSide(state, LEFT), decodeSide(state, RIGHT));
@@ -186,8 +194,9 @@ final class JoinPairing implements Serializable {
     List<Row> rows = state.getList(field);
     for (Row r : rows) {
       out.add(leftOuter
-          ? new Entry(r.get(E_TIME), -1, -1L, r.getBoolean(E_WARMUP), r.getBoolean(E_MATCHED_LEFT), r.get(E_VALUE_LEFT))
-          : new Entry(r.get(E_TIME), -1, -1L, r.getBoolean(E_WARMUP), false, r.get(E_VALUE_INNER)));
+          ? new Entry(r.get(E_TIME), -1, -1L, null, r.getBoolean(E_WARMUP), r.getBoolean(E_MATCHED_LEFT),
+              r.get(E_VALUE_LEFT))
+          : new Entry(r.get(E_TIME), -1, -1L, null, r.getBoolean(E_WARMUP), false, r.get(E_VALUE_INNER)));
     }
     return out;
   }
@@ -272,7 +281,8 @@ final class JoinPairing implements Serializable {
 
   private Entry entryOf(Row row, int side) {
     boolean w = !row.isNullAt(warmupIndex) && row.getBoolean(warmupIndex);
-    return new Entry(row.get(eventTimeIndex), partitionOf(row), offsetOf(row), w, false,
+    Object kafkaTime = kafkaTimeIndex >= 0 ? row.get(kafkaTimeIndex) : null;
+    return new Entry(row.get(eventTimeIndex), partitionOf(row), offsetOf(row), kafkaTime, w, false,
         row.get(side == LEFT ? leftIndex : rightIndex));
   }
 
@@ -359,6 +369,9 @@ final class JoinPairing implements Serializable {
     Object[] values = keyed(key);
     values[sideIndex] = JOINED;
     values[eventTimeIndex] = l.micros >= r.micros ? l.time : r.time;
+    if (kafkaTimeIndex >= 0) {
+      values[kafkaTimeIndex] = later(l.kafkaTime, r.kafkaTime);
+    }
     values[warmupIndex] = l.warmup && r.warmup;
     values[leftIndex] = l.value;
     values[rightIndex] = r.value;
@@ -370,9 +383,20 @@ final class JoinPairing implements Serializable {
     Object[] values = keyed(key);
     values[sideIndex] = LEFT;
     values[eventTimeIndex] = l.time;
+    if (kafkaTimeIndex >= 0) {
+      values[kafkaTimeIndex] = l.kafkaTime; // NULL once kept: its window's close, not its arrival, emits it
+    }
     values[warmupIndex] = warmup;
     values[leftIndex] = l.value;
     return RowFactory.create(values);
+  }
+
+  /** The later of two Kafka timestamps, either NULL (a kept row's). */
+  private static Object later(Object a, Object b) {
+    if (a == null || b == null) {
+      return a == null ? b : a;
+    }
+    return micros(a) >= micros(b) ? a : b;
   }
 
   static boolean anyNull(Row key) {

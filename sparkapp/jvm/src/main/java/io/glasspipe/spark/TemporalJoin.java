@@ -80,6 +80,9 @@ public final class TemporalJoin {
    *     at or below the watermark: the row passes through at once, late flag true, and never enters state
    * @param warmupCol BOOLEAN: warm-up rows (see handover.py); a joined row is warm-up if both rows are
    * @param partitionCol INT Kafka partition, {@code offsetCol} BIGINT offset: order rows of a batch
+   * @param kafkaTimeCol TIMESTAMP: the record's Kafka timestamp, or {@code null} for no such column; a joined row
+   *     gets the later of its two rows' that arrived in its batch (kept rows do not keep it), an unmatched left row
+   *     emitted when its window closes NULL: the end-to-end latency of what a batch's records made
    * @param leftCol STRUCT of the left side's fields (NULL on right rows), {@code rightCol} likewise; both go through
    *     the operator and its state as their bytes, so the caller must start a new state when either type changes
    * @param windowMs the join window: {@code |t_left - t_right| <= window} matches
@@ -94,7 +97,7 @@ public final class TemporalJoin {
    */
   public static Dataset<Row> join(
       Dataset<Row> df, List<String> keys, String sideCol, String eventTimeCol, String lateCol, String warmupCol,
-      String partitionCol, String offsetCol, String leftCol, String rightCol, long windowMs, boolean leftOuter,
+      String partitionCol, String offsetCol, String kafkaTimeCol, String leftCol, String rightCol, long windowMs, boolean leftOuter,
       String closedLeft, String judgedLeft, String judgedRight) {
     if (keys == null || keys.isEmpty()) {
       throw new IllegalArgumentException("a join needs at least one key column");
@@ -130,6 +133,7 @@ public final class TemporalJoin {
         index(schema, warmupCol, DataTypes.BooleanType),
         partitionCol == null ? -1 : index(schema, partitionCol, DataTypes.IntegerType),
         offsetCol == null ? -1 : index(schema, offsetCol, DataTypes.LongType),
+        kafkaTimeCol == null ? -1 : index(schema, kafkaTimeCol, DataTypes.TimestampType),
         leftIndex, rightIndex, schema.size(), windowMs * 1000L, leftOuter, ClosedWindows.parse(closedLeft),
         JudgedLate.parse(judgedLeft), JudgedLate.parse(judgedRight));
     // every output column nullable: joined rows have no Kafka coordinates, unmatched rows no right side
