@@ -55,6 +55,8 @@ FENCE_CHECK_SECONDS = 10.0  # an idle stale writer notices a newer layout within
 STOP_DRAIN_SECONDS = 20.0  # SIGTERM: wait this long for the batch in flight (Kubernetes' grace is 30 s)
 LISTENER_DRAIN_SECONDS = 5.0  # at the end of a run: wait this long for its queries' last events
 STOP_POLL_SECONDS = 0.05  # a stop: how often to look whether the query's thread sleeps until its next trigger
+# Spark's Kafka source (subscribe) refuses specific starting offsets that do not name every partition it finds
+SPECIFIC_OFFSETS_INCOMPLETE = "you must specify all TopicPartitions"
 
 
 @dataclass
@@ -96,6 +98,11 @@ def assign_partitions(config: JobConfig) -> list[SourceAssignment]:
                                       f"{source.kafka.topic}: lower spec.replicas to at most its partition count")
         out.append(SourceAssignment(source, group, mine, len(every)))
     return out
+
+
+def owned_now(config: JobConfig) -> dict[str, list[int]]:
+    """Per topic, the partitions this replica owns as the topics are now."""
+    return {a.source.kafka.topic: a.partitions for a in assign_partitions(config)}
 
 
 def make_table(config: JobConfig) -> ClickHouseTable:
@@ -432,18 +439,31 @@ def run_pipeline(spark: SparkSession, config: JobConfig, available_now: bool = F
         spark.streams.removeListener(listener)
 
 
+def added_while_starting(error: Exception, config: JobConfig, owned: dict[str, list[int]]) -> bool:
+    """Whether the query failed at its start because partitions were added to its topic after this replica listed
+    them (and wrote them in its hand-over record) but before Spark's Kafka source first looked: Spark refuses the
+    record's starting offsets then, as they do not name every partition. The next start completes the record
+    (handover.Handover.with_partitions_added)."""
+    if SPECIFIC_OFFSETS_INCOMPLETE not in str(error):
+        return False
+    try:
+        return owned_now(config) != owned
+    except (KafkaException, RuntimeError):
+        return False
+
+
 def _run_queries(spark: SparkSession, config: JobConfig, available_now: bool, metrics: JobMetrics,
                  stop: threading.Event | None) -> JobMetrics:
     """run_pipeline's queries: one, or one after another while partitions are added."""
     while True:
         running = start_pipeline(spark, config, available_now, metrics)
+        owned = {a.source.kafka.topic: a.partitions for a in running.assignments}
         try:
             if available_now:  # to its end, unless stopped (Ctrl-C, SIGTERM) between micro-batches first
                 while not _await(running, 1):
                     if _stopped(running, stop):
                         break
                 return metrics
-            owned = {a.source.kafka.topic: a.partitions for a in running.assignments}
             checked = fenced = time.monotonic()
             while not _await(running, 1):
                 if _stopped(running, stop):
@@ -459,7 +479,7 @@ def _run_queries(spark: SparkSession, config: JobConfig, available_now: bool, me
                     continue
                 checked = time.monotonic()
                 try:
-                    now = {a.source.kafka.topic: a.partitions for a in assign_partitions(config)}
+                    now = owned_now(config)
                 except (KafkaException, RuntimeError) as e:  # a broker restart: the query itself rides it out
                     log.warning("cannot list the topics' partitions (%s); checking again in %.0f s", e,
                                 PARTITION_CHECK_SECONDS)
@@ -470,5 +490,10 @@ def _run_queries(spark: SparkSession, config: JobConfig, available_now: bool, me
                     break
             else:
                 return metrics
+        except Exception as e:
+            if not added_while_starting(e, config, owned):
+                raise
+            log.warning("partitions were added to %s while the query started (Spark: %s): restarting it",
+                        sorted(owned), explain(e))
         finally:
             running.close()

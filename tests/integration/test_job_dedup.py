@@ -577,6 +577,39 @@ def test_a_checkpoint_stopped_before_its_first_offsets_reads_partitions_added_si
     assert landed == (90, 90), done.stderr[-6000:]
 
 
+def test_partitions_added_while_the_query_starts_restart_it_instead_of_failing_the_replica(
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    """Partitions added after a new checkpoint's replica listed the topic's (and wrote them in its hand-over record)
+    but before Spark's Kafka source first looked: Spark refuses the record's starting offsets, as they do not name
+    every partition it finds. The job is paused (SIGSTOP) right after it wrote the record, the topic grown, the job
+    let go: it restarts its query, which completes the record, instead of failing the replica; every record lands."""
+    path, topic, table = pipeline(tmp_path, kafka, partitions=1)
+    produce(kafka.bootstrap, topic, [sms(f"a-{i:03d}", "first", T0 + timedelta(seconds=i)) for i in range(50)])
+    log_path = tmp_path / "job.log"
+    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt", log_path)
+    try:
+        deadline = time.monotonic() + 180
+        while "new checkpoint" not in log_path.read_text():
+            assert job.alive() and time.monotonic() < deadline, job.log_tail(60)
+            time.sleep(0.01)
+        assert job.proc is not None  # its own process group: the Python driver and Spark's JVM
+        os.killpg(job.proc.pid, signal.SIGSTOP)
+        try:
+            kafka.add_partitions(topic, 3)
+        finally:
+            os.killpg(job.proc.pid, signal.SIGCONT)
+        produce(kafka.bootstrap, topic, [sms(f"b-{i:03d}", "first", T0 + timedelta(seconds=50 + i))
+                                         for i in range(90)], partition_of=lambda key: int(key[2:]) % 3)
+        while _count(clickhouse, table) < 140:
+            assert job.alive() and time.monotonic() < deadline, f"rows missing; log:\n{job.log_tail(80)}"
+            time.sleep(0.5)
+    finally:
+        job.stop()
+    log = log_path.read_text()
+    assert "while the query started (Spark: " in log and "resuming checkpoint" in log, log[-6000:]
+    assert clickhouse.client().execute(f"SELECT count(), uniqExact(sms_id) FROM {table}")[0] == (140, 140)
+
+
 def test_partitions_added_to_the_topic_restart_the_query_after_a_whole_batch(
         tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
     """A continuous run looks for partitions added to its topics (every 30 s; 2 s here) and restarts its query in
