@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from arg_types import comma_separated, key_value
 from exact_check import check_every_event, check_exact
 from freshness_runs import EXAMPLE_WINDOW, SustainedSearch, cpu_us_per_event, kept_up, keys_outlive_run
+from job_latency import metrics_args, read_latency, summary_text, window_summary
 from job_log import JobLog
 from join_stream import EXAMPLE_JOIN_WINDOW, RECORDS_A_PAIR, PairWorkload, check_joined, join_pipeline_file, users_topic
 from landed_rows import POLL_S, Poller, by_minute, quantile, trend, wait_for_rows
@@ -56,7 +57,7 @@ from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.paths import java_binary
 from glasspipe_dev.pipelines import CLI, sms_dedup_pipeline, start_continuous
-from glasspipe_dev.process import ServerProcess
+from glasspipe_dev.process import ServerProcess, free_ports
 
 
 def pipeline_file(tmp: Path, topic: str, table: str, trigger: str, spark_conf: dict[str, str], max_rows: int,
@@ -146,6 +147,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
     if variant == "join":  # ``topic`` has the orders
         kafka.create_topic(users_topic(topic), 4)
         window = window or EXAMPLE_JOIN_WINDOW
+    ports = free_ports(replicas) if variant != "plain" else []  # each replica's metrics
     if variant == "plain":
         jobs = [start_plain_loop(kafka, ch, topic, table, trigger, max_rows, tmp / f"{table}.log")]
     else:
@@ -160,7 +162,8 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         launcher = (sys.executable, str(Path(__file__).with_name("partition_probe_run.py"))) \
             if variant == "partition-probe" else CLI
         jobs = [start_continuous(path, kafka.bootstrap, f"127.0.0.1:{ch.port}", tmp / f"ckpt-{suffix}",
-                                 replica_log(tmp, table, i), *replica_args(i, replicas), env=env or None,
+                                 replica_log(tmp, table, i), *replica_args(i, replicas), *metrics_args(ports, i),
+                                 env=env or None,
                                  launcher=launcher) for i in range(replicas)]
     try:
         workload = PairWorkload(topic) if variant == "join" else Workload(seed=int(rate), scattered_keys=scattered_keys)
@@ -186,6 +189,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                 recording = jfr.with_name(f"{jfr.stem}-{int(rate)}{jfr.suffix or '.jfr'}")
                 _jcmd(pipeline, "JFR.start", "name=gp-fresh", "settings=profile", f"filename={recording}")
             began = time.time() + settle  # rows sent from here on are measured
+            job_before = read_latency(ports)
             poller_cpu = poller.cpu
             got = produce_plan(kafka.bootstrap, topic, plan, offer, linger_ms)
             poller_cpu = poller.cpu - poller_cpu
@@ -201,6 +205,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
         poller.stop.set()
         poller.join()
         lat, sent = poller.values(since=began)
+        job_latency = window_summary(job_before, read_latency(ports), lat)
         exact, checked = check_table(ch, table, variant, workload.firsts, int(warm["events"] + got["events"]),
                                      window or EXAMPLE_WINDOW)
         job_log = JobLog.read(tmp / f"{table}.log")
@@ -224,6 +229,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                "landed": len(lat), "exact": exact, "exact_detail": checked,
                "p50": p50, "p95": p95, "p99": p99, "max": slowest, "first_fifth": early,
                "last_fifth": late, "drained": drained, "batches": batches, "phases_ms": phases,
+               "job_latency": job_latency,  # the pipeline's own histogram over the offered window (None: the loop)
                "phases_by_fifth_ms": job_log.phases_by_fifth(first_batch),
                "trigger_us_per_row_by_fifth": job_log.cost_by_fifth(first_batch),
                # [keys up to, us a row]; [] where keys expire
@@ -276,6 +282,8 @@ def run_text(run: dict[str, Any]) -> list[str]:
              f"p99 {run['p99']:.2f} s, max {run['max']:.2f} s; exact: {run['exact']} ({run['exact_detail']})"]
     lines.append("  latency by minute of the measured window, p50 / p95 / p99: " + "; ".join(
         f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, a, b, c in run["by_minute"]))
+    if run.get("job_latency"):  # runs recorded before it have none
+        lines.append(summary_text(run["job_latency"]))
     drained, firsts = run["drained"], run["firsts"]
     landed = (f"all landed {drained:.1f} s after the last event was produced" if run["firsts_seen"] >= firsts
               else f"NOT all landed: {run['firsts_seen']} of {firsts} first occurrences seen {drained:.1f} s "

@@ -62,3 +62,25 @@ def test_a_growing_state_gets_its_cost_by_live_keys() -> None:
     lines = run_text(record(trigger_us_per_row_by_live_keys=[[10_000_000, 6.1], [20_000_000, 6.4]]))
     assert lines[-1].endswith("by ten million live keys (none expired), the trigger's us an input row: to 10 M 6.1; "
                               "to 20 M 6.4")
+
+
+def test_the_pipelines_own_histogram_over_the_window_is_printed_beside_the_measured_latency() -> None:
+    import numpy as np
+    from job_latency import window_summary
+
+    from glasspipe.freshness import Histogram
+
+    inf = float("inf")
+    before = Histogram(((0.5, 10.0), (1.0, 10.0), (2.0, 10.0), (inf, 10.0)), 3.0)  # the warm-up's 10 rows
+    # 100 more rows: 80 in (0, 0.5], 15 in (0.5, 1], 5 in (1, 2]
+    after = Histogram(((0.5, 90.0), (1.0, 105.0), (2.0, 110.0), (inf, 110.0)), 40.0)
+    job = window_summary(before, after, np.array([0.2] * 90 + [1.5] * 10))
+    assert job is not None and job["rows"] == 100 and job["under_1s"] == 0.95 and job["measured_under_1s"] == 0.9
+    assert job["p50"] == 0.5 * 50 / 80  # within the first bucket, as histogram_quantile interpolates
+    assert job["p99"] == 1.0 + 1.0 * (99 - 95) / 5
+    assert window_summary(None, after, np.array([0.2])) is None  # the plain loop serves no metrics
+    lines = run_text(record(job_latency=job))
+    assert run_text(record(job_latency={**job, "rows": 0}))[2].endswith("observed no row over the offered window")
+    assert lines[2] == ("  the pipeline's own end-to-end latency histogram over the offered window (Kafka timestamp to "
+                        "commit, interpolated within its buckets): 100 rows, p50 0.31 s, p95 1.00 s, p99 1.80 s; "
+                        "95.0 % within 1 s (measured: 90.0 %)")
