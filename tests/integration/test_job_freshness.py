@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import urllib.request
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from glasspipe.contract import default_consumer_group
 from glasspipe_dev.clickhouse import ClickHouseServer
 from glasspipe_dev.kafka import KafkaServer
 from glasspipe_dev.pipelines import dumps, group_lag, load_example, produce, start_continuous, write_pipeline
-from glasspipe_dev.process import free_port
+from glasspipe_dev.process import ServerProcess, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("jvm_ops_jar", "spark_jars")]
 
@@ -36,23 +37,44 @@ def scrape(port: int) -> dict[tuple[str, str], float]:
     return out
 
 
-def test_latency_and_event_time_lag_are_observed_per_row_written(
-        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+@dataclass
+class Running:
+    """An example pipeline on fresh topics, run continuously with its metrics on ``port``."""
+
+    job: ServerProcess
+    port: int
+    name: str
+    topics: list[str]  # its sources' topics, in order
+    table: str
+
+
+def start_example(tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer, example: str) -> Running:
+    """``example`` on fresh topics (two partitions each), a fresh dead-letter topic and table, its batches at most
+    500 ms apart; named ``fresh-*``, which ``scrape`` reads."""
     suffix = uuid.uuid4().hex[:8]
-    topic, table = f"fresh-{suffix}", f"fresh_{suffix}"
-    kafka.create_topic(topic, 2)
-    kafka.create_topic(f"{topic}-dlq", 1)
-    doc = load_example("sms-dedup.yaml")
-    doc["metadata"]["name"] = f"fresh-{suffix}"
+    doc = load_example(example)
+    name, table = f"fresh-{suffix}", f"fresh_{suffix}"
+    doc["metadata"]["name"] = name
     spec = doc["spec"]
-    spec["sources"][0]["kafka"]["topic"] = topic
+    topics = [f"fresh-{s['name']}-{suffix}" for s in spec["sources"]]
+    for source, topic in zip(spec["sources"], topics, strict=True):
+        kafka.create_topic(topic, 2)
+        source["kafka"]["topic"] = topic
+    spec["deadLetter"]["topic"] = f"{name}-dlq"
+    kafka.create_topic(spec["deadLetter"]["topic"], 1)
     spec["sink"]["clickhouse"]["table"] = table
     spec["sink"]["clickhouse"]["batching"] = {"maxRows": 10_000, "maxDelay": "500ms"}
-    spec["deadLetter"]["topic"] = f"{topic}-dlq"
     path = write_pipeline(doc, tmp_path)
     port = free_port()
     job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
                            tmp_path / "job.log", "--metrics-port", str(port))
+    return Running(job, port, name, topics, table)
+
+
+def test_latency_and_event_time_lag_are_observed_per_row_written(
+        tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
+    run = start_example(tmp_path, kafka, clickhouse, "sms-dedup.yaml")
+    job, port, [topic], table = run.job, run.port, run.topics, run.table
     uniques, repeats = 2_000, 300
     event_base = datetime.now(UTC) - timedelta(seconds=30)  # event times 30-32 s before they are produced
     records = [(f"f-{i}".encode(), dumps({"sms_id": f"f-{i}", "status": "first", "phone": "+1",
@@ -101,30 +123,15 @@ def test_a_joined_rows_latency_counts_from_the_record_that_made_its_pair(
         tmp_path: Path, kafka: KafkaServer, clickhouse: ClickHouseServer) -> None:
     """Orders first, their users 12 s after the orders were read: each joined row is observed once in the end-to-end
     latency histogram, timed from its user's Kafka timestamp (under 10 s), not its order's (over 12 s)."""
-    suffix = uuid.uuid4().hex[:8]
-    orders, users, table = f"fresh-orders-{suffix}", f"fresh-users-{suffix}", f"fresh_join_{suffix}"
-    for topic in (orders, users):
-        kafka.create_topic(topic, 2)
-    kafka.create_topic(f"{orders}-dlq", 1)
-    doc = load_example("orders-users-join.yaml")
-    doc["metadata"]["name"] = f"fresh-{suffix}"
-    spec = doc["spec"]
-    spec["sources"][0]["kafka"]["topic"] = orders
-    spec["sources"][1]["kafka"]["topic"] = users
-    spec["sink"]["clickhouse"]["table"] = table
-    spec["sink"]["clickhouse"]["batching"] = {"maxRows": 10_000, "maxDelay": "500ms"}
-    spec["deadLetter"]["topic"] = f"{orders}-dlq"
-    path = write_pipeline(doc, tmp_path)
-    port = free_port()
-    job = start_continuous(path, kafka.bootstrap, f"127.0.0.1:{clickhouse.port}", tmp_path / "ckpt",
-                           tmp_path / "job.log", "--metrics-port", str(port))
+    run = start_example(tmp_path, kafka, clickhouse, "orders-users-join.yaml")
+    job, port, [orders, users], table = run.job, run.port, run.topics, run.table
     n = 500
     at = datetime.now(UTC) - timedelta(minutes=1)
     try:
         produce(kafka.bootstrap, orders, [(f"u-{i}".encode(), dumps(
             {"order_id": f"o-{i}", "user_id": f"u-{i}", "amount": 1.0, "created_at": at.isoformat()}))
             for i in range(n)])
-        group = default_consumer_group("default", f"fresh-{suffix}")
+        group = default_consumer_group("default", run.name)
         deadline = time.monotonic() + 180
         while sum(c for c, _ in group_lag(kafka.bootstrap, group, orders).values()) < n:
             assert job.alive() and time.monotonic() < deadline, job.log_tail(60)
