@@ -75,7 +75,7 @@ def run_local(args: argparse.Namespace) -> int:
     from glasspipe_job.config import UnsupportedPipeline, config_from_resource, load_job_config
     from glasspipe_job.connections import check_connections
     from glasspipe_job.failure import report_exception
-    from glasspipe_job.runner import run_pipeline
+    from glasspipe_job.replica_loop import run_pipeline
     from glasspipe_job.session import local_session
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

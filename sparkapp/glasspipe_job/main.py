@@ -15,7 +15,7 @@ from glasspipe.contract import CONFIG_ARGUMENT, JOB_METRICS_PORT
 from glasspipe_job.config import JobConfig, UnsupportedPipeline, load_job_config
 from glasspipe_job.connections import check_connections
 from glasspipe_job.failure import report, report_exception
-from glasspipe_job.runner import run_pipeline
+from glasspipe_job.replica_loop import run_pipeline
 from glasspipe_job.session import local_session, spark_session
 
 

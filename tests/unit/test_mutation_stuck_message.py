@@ -20,7 +20,8 @@ from glasspipe_job.clickhouse.connection import Connection
 from glasspipe_job.clickhouse.ledger import Superseded
 from glasspipe_job.clickhouse.mutations import Mutation, MutationStuck
 from glasspipe_job.clickhouse.table import ClickHouseTable
-from glasspipe_job.runner import RunningPipeline, _await
+from glasspipe_job.replica_loop import _await
+from glasspipe_job.runner import RunningPipeline
 
 pytestmark = pytest.mark.unit
 
