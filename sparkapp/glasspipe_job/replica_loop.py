@@ -18,7 +18,7 @@ from glasspipe_job.clickhouse.mutations import MutationStuck
 from glasspipe_job.config import JobConfig
 from glasspipe_job.failure import explain
 from glasspipe_job.metrics import JobMetrics, ProgressListener
-from glasspipe_job.runner import RunningPipeline, assign_partitions, start_pipeline
+from glasspipe_job.runner import RunningPipeline, SourceAssignment, assign_partitions, start_pipeline
 
 log = logging.getLogger("glasspipe.job")
 
@@ -32,9 +32,14 @@ STOP_POLL_SECONDS = 0.05  # a stop: how often to look whether the query's thread
 SPECIFIC_OFFSETS_INCOMPLETE = "you must specify all TopicPartitions"
 
 
+def by_topic(assignments: list[SourceAssignment]) -> dict[str, list[int]]:
+    """Per topic, the partitions assigned."""
+    return {a.source.kafka.topic: a.partitions for a in assignments}
+
+
 def owned_now(config: JobConfig) -> dict[str, list[int]]:
     """Per topic, the partitions this replica owns as the topics are now."""
-    return {a.source.kafka.topic: a.partitions for a in assign_partitions(config)}
+    return by_topic(assign_partitions(config))
 
 
 def _await(running: RunningPipeline, timeout: int | None = None) -> bool:
@@ -123,7 +128,7 @@ def _run_queries(spark: SparkSession, config: JobConfig, available_now: bool, me
     """run_pipeline's queries: one, or one after another while partitions are added."""
     while True:
         running = start_pipeline(spark, config, available_now, metrics)
-        owned = {a.source.kafka.topic: a.partitions for a in running.assignments}
+        owned = by_topic(running.assignments)
         try:
             if available_now:  # to its end, unless stopped (Ctrl-C, SIGTERM) between micro-batches first
                 while not _await(running, 1):

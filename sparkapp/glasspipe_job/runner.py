@@ -44,7 +44,6 @@ from glasspipe_job.transform import (
 log = logging.getLogger("glasspipe.job")
 
 
-
 @dataclass
 class SourceAssignment:
     """The partitions of one source this replica owns, and the group that records their progress."""
