@@ -32,6 +32,7 @@ duplicates of keys already in state, half each unless ``--repeat-share`` says ot
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -201,6 +202,8 @@ def main() -> None:
                     help="an extra Spark setting; repeatable")
     ap.add_argument("--judged-late-ranges", type=int, default=0,
                     help="late ranges of a hand-over the operator carries (jvm only; see the module docstring)")
+    ap.add_argument("--json", type=Path, help="append the run's median batch by live keys to this file, one JSON "
+                    "object a line (read by bench/targets.py)")
     args = ap.parse_args()
     sizes = sorted(args.sizes)
 
@@ -220,6 +223,7 @@ def main() -> None:
     live = 0  # keys 0..live-1 are in state
     fresh = 10_000_000_000  # small batches draw new keys from here, away from the build range
     build_rates: list[float] = []
+    batch_ms: dict[int, float] = {}  # live keys -> the median small batch's triggerExecution
     try:
         # Warm-up batch so the first measured batch does not pay for query start-up.
         feeder.put(f"SELECT id + {fresh} AS id FROM range(10)")
@@ -267,8 +271,9 @@ def main() -> None:
                 walls.append(wall)
                 commits.append(state_commit_ms(data))
                 rocks.append(rocksdb_figures(data))
+            batch_ms[live] = statistics.median(lat) * 1000
             print(
-                f"live keys {live:>11,}: {args.small}-row batch median {statistics.median(lat) * 1000:,.0f} ms "
+                f"live keys {live:>11,}: {args.small}-row batch median {batch_ms[live]:,.0f} ms "
                 f"(min {min(lat) * 1000:,.0f}, max {max(lat) * 1000:,.0f}; of it the state's commit median "
                 f"{statistics.median(commits):,.0f} ms; wall incl. no-data batches "
                 f"median {statistics.median(walls) * 1000:,.0f} ms)",
@@ -291,6 +296,11 @@ def main() -> None:
             data = [p for p in progs if p["numInputRows"] > 0]
             exec_s = sum(p["durationMs"]["triggerExecution"] for p in data) / 1000
             print(f"all-duplicate batch of {n:,}: {exec_s:.1f} s -> {n / exec_s:,.0f} rows/s")
+        if args.json:
+            with args.json.open("a") as out:
+                out.write(json.dumps({"bench": "dedup_state", "impl": args.impl, "small": args.small,
+                                      "repeat_share": args.repeat_share, "scattered_keys": args.scattered_keys,
+                                      "job_conf": args.job_conf, "batch_ms": batch_ms}) + "\n")
     finally:
         if q is not None:
             q.stop()
