@@ -3,7 +3,7 @@ that measures its target (docs/benchmarks.md, "In short", gives the same command
 figures that script stores (its ``--json`` line; the real-node test's printed figures), and prints the figure, the
 target and whether it was reached.
 
-    python bench/targets.py                      # every check but the loop's: ~30-40 min on 2 cores
+    python bench/targets.py                      # every check but the loop's: ~40-50 min on 2 cores
     python bench/targets.py --only latency,join  # some of them
     python bench/targets.py --with-loop          # and the plain loop's sustained rate beside the pipeline's (~1 h)
 
@@ -43,6 +43,7 @@ STATE_RATIO = 2.0
 RESCALE_TARGET_S = 60.0
 RESCALE_FIGURES = ("scale 2 -> 3000 exact rows", "scale 1 -> 3800 exact rows")  # e2e/test_real_cluster.py's names
 REAL_CLUSTER_FIGURES = "[real-cluster] figures: "
+GAUGE_LOOP = 20_000_000  # additions in machine_gauge's loop
 RATE_SHORTFALL = 0.99  # an offered rate counts as the one asked for within this (the producer's pacing)
 
 
@@ -186,7 +187,11 @@ CHECKS: tuple[Check, ...] = (
           "random ids) at 50 000/s",
           freshness("dedup", DEDUP_RATE, "--trigger", "1s", "--window", "8h", "--max-rows", "5000",
                     "--scattered-keys"),
-          rate_rows(f"dedup sustains >= {DEDUP_RATE:,} events/s", DEDUP_RATE, "events/s")),
+          rate_rows(f"dedup (default engine) sustains >= {DEDUP_RATE:,} events/s", DEDUP_RATE, "events/s")),
+    Check("dedup-partition", "deduplication per Kafka partition (a topic keyed by the deduplication key), 8 h window, "
+          "at 50 000/s",
+          freshness("dedup-partition", DEDUP_RATE, "--trigger", "1s", "--window", "8h"),
+          rate_rows(f"dedup per Kafka partition sustains >= {DEDUP_RATE:,} events/s", DEDUP_RATE, "events/s")),
     Check("join", "the orders + users join, 1 h window, at 20 000 pairs/s",
           freshness("join", JOIN_RATE, "--trigger", "1s"),
           rate_rows(f"join sustains >= {JOIN_RATE:,} matched pairs/s, latency flat as its state grows", JOIN_RATE,
@@ -206,19 +211,29 @@ LOOP = Check("loop", "the sustained rate searched for: the plain loop, then the 
              sustained_searches, loop_rows)
 
 
+def machine_gauge() -> float:
+    """CPU-seconds of a fixed Python loop: how fast the machine is now (docs/benchmarks.md, "The machine": 1.04 on a
+    quiet day; the same code's figures move with it)."""
+    t0, total = time.process_time(), 0
+    for i in range(GAUGE_LOOP):
+        total += i
+    return time.process_time() - t0
+
+
 def run_check(check: Check, opts: Options, scratch: Path) -> tuple[list[Row], float]:
     """Run one check's command, its output shown as it goes; its rows and how long it took."""
     out = scratch / f"{check.name}.jsonl"
     out.touch()
     t0 = time.monotonic()
-    stdout = ""
+    printed: list[str] = []
     for argv in check.commands(out, opts):
         print(f"\n=== {check.name}: {' '.join(argv)}", flush=True)
-        proc = subprocess.run(argv, cwd=ROOT, text=True, stdout=subprocess.PIPE if check.reads_stdout else None)
-        if check.reads_stdout:
-            stdout += proc.stdout
-            print(proc.stdout, end="", flush=True)
-    records = real_cluster_figures(stdout) if check.reads_stdout else load([out])
+        with subprocess.Popen(argv, cwd=ROOT, text=True,
+                              stdout=subprocess.PIPE if check.reads_stdout else None) as proc:
+            for line in proc.stdout or ():  # shown as it comes, and kept
+                print(line, end="", flush=True)
+                printed.append(line)
+    records = real_cluster_figures("".join(printed)) if check.reads_stdout else load([out])
     return check.rows(records), time.monotonic() - t0
 
 
@@ -257,18 +272,22 @@ def main() -> int:
     if args.seconds < 60 or args.warmup < 0:
         p.error("--seconds: at least 60 (a run is judged by its fifths and minutes); --warmup: 0 or more")
     opts = Options(args.seconds, args.warmup)
+    gauges = [machine_gauge()]
+    print(f"machine gauge {gauges[0]:.2f} CPU-s (a fixed Python loop; 1.04 on a quiet day)", flush=True)
     results = []
     with tempfile.TemporaryDirectory(prefix="gp-targets-") as d:
         for check in selected(args.only, args.with_loop or LOOP.name in args.only):
             rows, took = run_check(check, opts, Path(d))
             results.append((check, rows, took))
-    print("\n" + table(results), flush=True)
+    gauges.append(machine_gauge())
+    print(f"\n{table(results)}\nmachine gauge before / after: {gauges[0]:.2f} / {gauges[1]:.2f} CPU-s", flush=True)
     if args.json:
         with args.json.open("a") as out:
             for check, rows, took in results:
                 for row in rows:
                     out.write(json.dumps({"bench": "targets", "check": check.name, "target": row.target,
-                                          "figure": row.figure, "reached": row.reached, "seconds": round(took)}) + "\n")
+                                          "figure": row.figure, "reached": row.reached, "seconds": round(took),
+                                          "gauges": [round(g, 2) for g in gauges]}) + "\n")
     return 0 if all(row.reached for _check, rows, _took in results for row in rows) else 1
 
 

@@ -114,7 +114,8 @@ def test_the_loop_target_needs_the_pipelines_sustained_rate_above_the_loops() ->
 
 
 def test_the_checks_run_in_order_and_the_loops_search_only_when_asked() -> None:
-    assert [c.name for c in selected([], False)] == ["dedup", "join", "latency", "state", "rescale"]
+    assert [c.name for c in selected([], False)] == ["dedup", "dedup-partition", "join", "latency", "state",
+                                                      "rescale"]
     assert [c.name for c in selected([], True)][-1] == LOOP.name
     assert [c.name for c in selected(["latency", "dedup"], False)] == ["dedup", "latency"]
     assert [c.name for c in selected(["loop"], True)] == ["loop"]
@@ -125,3 +126,22 @@ def test_the_checks_run_in_order_and_the_loops_search_only_when_asked() -> None:
                         "--warmup-rate", "0", "--settle", "0", "--trigger", "250ms", "--window", "2m",
                         "--json", "/tmp/x.jsonl"]
     assert [a[3] for a in LOOP.commands(Path("/tmp/x.jsonl"), opts)] == ["plain", "dedup-partition"]
+
+
+def test_a_check_is_judged_on_what_its_commands_stored_or_printed(tmp_path: Path) -> None:
+    printing = targets.Check(
+        "rescale", "prints", lambda _out, _opts: [[sys.executable, "-c", f"print({REAL_CLUSTER_OUT!r})"]],
+        rescale_rows, reads_stdout=True)
+    rows, _took = targets.run_check(printing, targets.Options(), tmp_path)
+    assert [r.reached for r in rows] == [True]
+    stored = json.dumps(run(offered=10_000.0, p95=0.9))
+    storing = targets.Check(  # two commands, the later one's record judged
+        "latency", "stores", lambda out, _opts: [
+            [sys.executable, "-c", f"open({str(out)!r}, 'a').write({json.dumps(run()) + chr(10)!r})"],
+            [sys.executable, "-c", f"open({str(out)!r}, 'a').write({stored + chr(10)!r})"]],
+        latency_rows)
+    rows, _took = targets.run_check(storing, targets.Options(), tmp_path)
+    assert [r.reached for r in rows] == [True, False]
+    failing = targets.Check("state", "stores nothing", lambda _o, _p: [[sys.executable, "-c", "raise SystemExit(3)"]],
+                            state_rows)
+    assert not targets.run_check(failing, targets.Options(), tmp_path)[0][0].reached
