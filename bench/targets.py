@@ -220,8 +220,9 @@ def machine_gauge() -> float:
     return time.process_time() - t0
 
 
-def run_check(check: Check, opts: Options, scratch: Path) -> tuple[list[Row], float]:
-    """Run one check's command, its output shown as it goes; its rows and how long it took."""
+def run_check(check: Check, opts: Options, scratch: Path) -> tuple[list[dict[str, Any]], float]:
+    """Run one check's commands, their output shown as it comes; the figures they stored or printed, and how long
+    they took."""
     out = scratch / f"{check.name}.jsonl"
     out.touch()
     t0 = time.monotonic()
@@ -234,7 +235,7 @@ def run_check(check: Check, opts: Options, scratch: Path) -> tuple[list[Row], fl
                 print(line, end="", flush=True)
                 printed.append(line)
     records = real_cluster_figures("".join(printed)) if check.reads_stdout else load([out])
-    return check.rows(records), time.monotonic() - t0
+    return records, time.monotonic() - t0
 
 
 def table(results: list[tuple[Check, list[Row], float]]) -> str:
@@ -264,7 +265,9 @@ def main() -> int:
                    "sustained rates (about an hour more)")
     p.add_argument("--seconds", type=int, default=Options.seconds, help="seconds each fixed-rate run measures")
     p.add_argument("--warmup", type=int, default=Options.warmup, help="seconds of warm-up before each run")
-    p.add_argument("--json", type=Path, help="append the closing table's rows to this file, one JSON object a line")
+    p.add_argument("--json", type=Path, help="append every figure the checks stored (freshness.py's runs and the "
+                   "rest, each with its check's name) and the closing table's rows to this file, one JSON object a "
+                   "line (bench/freshness_table.py and plot.py read its freshness runs)")
     args = p.parse_args()
     unknown = sorted(set(args.only) - set(names))
     if unknown:
@@ -277,8 +280,11 @@ def main() -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="gp-targets-") as d:
         for check in selected(args.only, args.with_loop or LOOP.name in args.only):
-            rows, took = run_check(check, opts, Path(d))
-            results.append((check, rows, took))
+            records, took = run_check(check, opts, Path(d))
+            results.append((check, check.rows(records), took))
+            if args.json:  # as each check ends: an interrupted run keeps what it measured
+                with args.json.open("a") as out:
+                    out.writelines(json.dumps({**r, "targets_check": check.name}) + "\n" for r in records)
     gauges.append(machine_gauge())
     print(f"\n{table(results)}\nmachine gauge before / after: {gauges[0]:.2f} / {gauges[1]:.2f} CPU-s", flush=True)
     if args.json:

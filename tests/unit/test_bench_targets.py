@@ -132,16 +132,16 @@ def test_a_check_is_judged_on_what_its_commands_stored_or_printed(tmp_path: Path
     printing = targets.Check(
         "rescale", "prints", lambda _out, _opts: [[sys.executable, "-c", f"print({REAL_CLUSTER_OUT!r})"]],
         rescale_rows, reads_stdout=True)
-    rows, _took = targets.run_check(printing, targets.Options(), tmp_path)
-    assert [r.reached for r in rows] == [True]
+    records, _took = targets.run_check(printing, targets.Options(), tmp_path)
+    assert [r.reached for r in rescale_rows(records)] == [True]
     stored = json.dumps(run(offered=10_000.0, p95=0.9))
     storing = targets.Check(  # two commands, the later one's record judged
         "latency", "stores", lambda out, _opts: [
             [sys.executable, "-c", f"open({str(out)!r}, 'a').write({json.dumps(run()) + chr(10)!r})"],
             [sys.executable, "-c", f"open({str(out)!r}, 'a').write({stored + chr(10)!r})"]],
         latency_rows)
-    rows, _took = targets.run_check(storing, targets.Options(), tmp_path)
-    assert [r.reached for r in rows] == [True, False]
+    records, _took = targets.run_check(storing, targets.Options(), tmp_path)
+    assert len(records) == 2 and [r.reached for r in latency_rows(records)] == [True, False]
     failing = targets.Check("state", "stores nothing", lambda _o, _p: [[sys.executable, "-c", "raise SystemExit(3)"]],
                             state_rows)
-    assert not targets.run_check(failing, targets.Options(), tmp_path)[0][0].reached
+    assert targets.run_check(failing, targets.Options(), tmp_path)[0] == []
