@@ -77,21 +77,26 @@ class Check:
     reads_stdout: bool = False  # the figures are printed (the real-node test), not stored with --json
 
 
+def _freshness_argv(out: Path, variant: str, *args: str) -> list[str]:
+    """bench/freshness.py as the checks run it: offered at the measured rate from the warm-up on, no settle period,
+    each run's record appended to the check's file."""
+    return [sys.executable, str(BENCH / "freshness.py"), "--variant", variant, *args, "--warmup-rate", "0",
+            "--settle", "0", "--json", str(out)]
+
+
 def freshness(variant: str, rate: int, *extra: str) -> Callable[[Path, Options], list[list[str]]]:
-    """bench/freshness.py at one offered rate, its record appended to the check's file."""
+    """bench/freshness.py at one offered rate."""
     def commands(out: Path, opts: Options) -> list[list[str]]:
-        return [[sys.executable, str(BENCH / "freshness.py"), "--variant", variant, "--rates", str(rate),
-                 "--seconds", str(opts.seconds), "--warmup", str(opts.warmup), "--warmup-rate", "0", "--settle", "0",
-                 *extra, "--json", str(out)]]
+        return [_freshness_argv(out, variant, "--rates", str(rate), "--seconds", str(opts.seconds), "--warmup",
+                                str(opts.warmup), *extra)]
     return commands
 
 
 def sustained_searches(out: Path, opts: Options) -> list[list[str]]:
     """bench/freshness.py's search for the sustained rate of the plain loop, then of the pipeline per Kafka
     partition, as docs/benchmarks.md ran them (three-minute runs)."""
-    return [[sys.executable, str(BENCH / "freshness.py"), "--variant", variant, "--rates", "80000",
-             "--find-sustained", "20000", "--refine", "1", "--seconds", "180", "--warmup", str(opts.warmup),
-             "--warmup-rate", "0", "--settle", "0", "--trigger", "1s", "--window", "8h", "--json", str(out)]
+    return [_freshness_argv(out, variant, "--rates", "80000", "--find-sustained", "20000", "--refine", "1",
+                            "--seconds", "180", "--warmup", str(opts.warmup), "--trigger", "1s", "--window", "8h")
             for variant in ("plain", "dedup-partition")]
 
 

@@ -123,7 +123,7 @@ def test_the_checks_run_in_order_and_the_loops_search_only_when_asked() -> None:
     argv, = selected(["latency"], False)[0].commands(Path("/tmp/x.jsonl"), opts)
     assert argv[1].endswith("bench/freshness.py")
     assert argv[2:] == ["--variant", "dedup", "--rates", "10000", "--seconds", "90", "--warmup", "30",
-                        "--warmup-rate", "0", "--settle", "0", "--trigger", "250ms", "--window", "2m",
+                        "--trigger", "250ms", "--window", "2m", "--warmup-rate", "0", "--settle", "0",
                         "--json", "/tmp/x.jsonl"]
     assert [a[3] for a in LOOP.commands(Path("/tmp/x.jsonl"), opts)] == ["plain", "dedup-partition"]
 
