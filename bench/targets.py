@@ -3,7 +3,7 @@ that measures its target (docs/benchmarks.md, "In short", gives the same command
 figures that script stores (its ``--json`` line; the real-node test's printed figures), and prints the figure, the
 target and whether it was reached.
 
-    python bench/targets.py                      # every check but the loop's: ~40-50 min on 2 cores
+    python bench/targets.py                      # every check but the loop's: ~25-30 min on 2 cores
     python bench/targets.py --only latency,join  # some of them
     python bench/targets.py --with-loop          # and the plain loop's sustained rate beside the pipeline's (~1 h)
 
@@ -100,15 +100,12 @@ def sustained_searches(out: Path, opts: Options) -> list[list[str]]:
             for variant in ("plain", "dedup-partition")]
 
 
-def _latency(run: dict[str, Any]) -> str:
-    return f"p50 / p95 / p99 {run['p50']:.2f} / {run['p95']:.2f} / {run['p99']:.2f} s"
-
-
 def _run_text(run: dict[str, Any], unit: str) -> str:
     """How a fixed-rate run went, in one phrase."""
     held = "kept up" if kept_up(run) else "did not keep up"
     return (f"{run['offered']:,.0f} {unit} offered for {run['seconds']:.0f} s: {held}, "
-            f"{'exact' if run['exact'] else 'NOT exact'}, {_latency(run)}, "
+            f"{'exact' if run['exact'] else 'NOT exact'}, "
+            f"p50 / p95 / p99 {run['p50']:.2f} / {run['p95']:.2f} / {run['p99']:.2f} s, "
             f"{cpu_us_per_event(run, 'pipeline'):.1f} CPU-s per M")
 
 
