@@ -48,6 +48,7 @@ from job_latency import metrics_args, read_latency, summary_text, window_summary
 from job_log import JobLog
 from join_stream import EXAMPLE_JOIN_WINDOW, RECORDS_A_PAIR, PairWorkload, check_joined, join_pipeline_file, users_topic
 from landed_rows import POLL_S, Poller, by_minute, quantile, trend, wait_for_rows
+from producer_delays import delays_text
 from profile_summary import STACK_DEPTH
 from thread_cpu import CpuWindow, descendants
 from workload import LINGER_MS, Workload, produce_plan, spill_plan
@@ -230,6 +231,7 @@ def measure(kafka: KafkaServer, ch: ClickHouseServer, tmp: Path, rate: float, se
                "p50": p50, "p95": p95, "p99": p99, "max": slowest, "first_fifth": early,
                "last_fifth": late, "drained": drained, "batches": batches, "phases_ms": phases,
                "job_latency": job_latency,  # the pipeline's own histogram over the offered window (None: the loop)
+               "producer": got["producer"],  # how long the measured window's records took to reach the broker
                "phases_by_fifth_ms": job_log.phases_by_fifth(first_batch),
                "trigger_us_per_row_by_fifth": job_log.cost_by_fifth(first_batch),
                # [keys up to, us a row]; [] where keys expire
@@ -284,6 +286,8 @@ def run_text(run: dict[str, Any]) -> list[str]:
         f"{m}: {a:.2f} / {b:.2f} / {c:.2f} s" for m, a, b, c in run["by_minute"]))
     if run.get("job_latency"):  # runs recorded before it have none
         lines.append(summary_text(run["job_latency"]))
+    if run.get("producer"):  # nor this
+        lines.append(delays_text(run["producer"]))
     drained, firsts = run["drained"], run["firsts"]
     landed = (f"all landed {drained:.1f} s after the last event was produced" if run["firsts_seen"] >= firsts
               else f"NOT all landed: {run['firsts_seen']} of {firsts} first occurrences seen {drained:.1f} s "

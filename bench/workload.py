@@ -28,11 +28,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "dev"))
+
+from producer_delays import STATS_INTERVAL_MS, ProducerDelays
 
 from glasspipe_dev.pipelines import reporting_producer, require_delivered
 
@@ -206,11 +208,13 @@ class Workload:
 LINGER_MS = 5  # librdkafka's default: a produce request per partition every 5 ms at most
 
 
-def _producer(bootstrap: str, linger_ms: int = LINGER_MS) -> tuple[Producer, list[str]]:
+def _producer(bootstrap: str, linger_ms: int = LINGER_MS,
+              delays: ProducerDelays | None = None) -> tuple[Producer, list[str]]:
     """The harness's producer, and the list its failed deliveries go to: a record lost on the way in must not pass
-    for one the pipeline lost."""
+    for one the pipeline lost. ``delays`` reads librdkafka's statistics each second."""
+    stats = {"statistics.interval.ms": STATS_INTERVAL_MS, "stats_cb": delays} if delays is not None else {}
     return reporting_producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms, "enable.idempotence": True,
-                               "queue.buffering.max.messages": 1_000_000})
+                               "queue.buffering.max.messages": 1_000_000, **stats})
 
 
 def _send(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
@@ -223,14 +227,16 @@ def _send(producer: Producer, topic: str, value: bytes, key: bytes) -> None:
 
 
 def produce_plan(bootstrap: str, topic: str, plan: Plan | SpilledPlan, rate: float,
-                 linger_ms: int = LINGER_MS) -> dict[str, float]:
+                 linger_ms: int = LINGER_MS) -> dict[str, Any]:
     """Offer ``plan``'s events at ``rate`` events/s (paced every 5 ms); each tick's events carry that tick's
     wall time as sent_at. Returns what was achieved, and the CPU seconds this process spent meanwhile (the
     producer and whatever else runs in it, e.g. a poller thread). A longer ``linger_ms`` sends fewer, larger
     produce requests: less CPU for this process and the broker (45 000/s for 30 s, no consumer, 5 -> 50 ms:
     this process 0.10 -> 0.09 cores, the broker 0.20 -> 0.12), and a record waits up to that long in the
-    producer, which the latencies measured from ``sent_at`` include."""
-    producer, failed = _producer(bootstrap, linger_ms)
+    producer, which the latencies measured from ``sent_at`` include: ``producer`` in the result bounds how long
+    records took to reach the broker (producer_delays.py)."""
+    delays = ProducerDelays()
+    producer, failed = _producer(bootstrap, linger_ms, delays)
     n = len(plan)
     parts = ((part.keys, part.heads, part.topics or [topic] * len(part)) for part in plan.chunks())
     keys: list[bytes] = []
@@ -256,7 +262,7 @@ def produce_plan(bootstrap: str, topic: str, plan: Plan | SpilledPlan, rate: flo
     require_delivered(producer, failed, n)
     took = time.monotonic() - start
     return {"events": n, "repeats": plan.repeats, "firsts": n - plan.repeats, "seconds": took, "rate": n / took,
-            "cpu": time.process_time() - cpu0}
+            "cpu": time.process_time() - cpu0, "producer": delays.as_record()}
 
 
 def fill(bootstrap: str, topic: str, plan: Plan, linger_ms: int = 50, timeout_s: float = 120) -> None:

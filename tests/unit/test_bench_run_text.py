@@ -84,3 +84,11 @@ def test_the_pipelines_own_histogram_over_the_window_is_printed_beside_the_measu
     assert lines[2] == ("  the pipeline's own end-to-end latency histogram over the offered window (Kafka timestamp to "
                         "commit, interpolated within its buckets): 100 rows, p50 0.31 s, p95 1.00 s, p99 1.80 s; "
                         "95.0 % within 1 s (measured: 90.0 %)")
+
+
+def test_how_long_the_harness_records_took_to_reach_the_broker_is_printed_when_recorded() -> None:
+    producer = {"queued_ms": 9.0, "request_queued_ms": 0.2, "round_trip_ms": 3.1, "total_ms": 12.3,
+                "total_at_s": 42.0, "retried": 0, "timed_out": 0, "documents": 120}
+    lines = run_text(record(producer=producer))
+    assert lines[2].startswith("  the harness's producer, the worst second of 120") and "at most 12 ms" in lines[2]
+    assert not any("harness's producer" in line for line in run_text(record()))  # runs recorded before it
