@@ -21,10 +21,12 @@ STATS_INTERVAL_MS = 1000
 
 @dataclass
 class ProducerDelays:
-    """The worst of each of librdkafka's windows over a run, and when the worst sum came (seconds after the producer
-    was made): an upper bound of the time from a record's send to the broker having it."""
+    """Each of librdkafka's windows over a run, on average and at worst, and when the worst sum came (seconds after
+    the producer was made): an upper bound of the time from a record's send to the broker having it."""
 
     worst_ms: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS.values(), 0.0))
+    sum_us: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WINDOWS.values(), 0.0))
+    count: dict[str, int] = field(default_factory=lambda: dict.fromkeys(WINDOWS.values(), 0))
     worst_total_ms: float = 0.0
     worst_at_s: float = 0.0
     retried: int = 0  # requests sent again (librdkafka's txretries)
@@ -42,22 +44,30 @@ class ProducerDelays:
         for b in brokers:
             total = 0.0
             for window, name in WINDOWS.items():
-                worst = b.get(window, {}).get("max", 0) / 1000
+                figures = b.get(window, {})
+                worst = figures.get("max", 0) / 1000
                 self.worst_ms[name] = max(self.worst_ms[name], worst)
+                self.sum_us[name] += figures.get("sum", 0)
+                self.count[name] += figures.get("cnt", 0)
                 total += worst
             if total > self.worst_total_ms:
                 self.worst_total_ms, self.worst_at_s = total, time.monotonic() - self.started
 
     def as_record(self) -> dict[str, float]:
         """What a run's record keeps (``freshness.py --json``)."""
-        return {**self.worst_ms, "total_ms": self.worst_total_ms, "total_at_s": self.worst_at_s,
+        mean = {f"{name}_mean": self.sum_us[name] / self.count[name] / 1000 if self.count[name] else 0.0
+                for name in WINDOWS.values()}
+        return {**self.worst_ms, **mean, "total_ms": self.worst_total_ms, "total_at_s": self.worst_at_s,
                 "retried": self.retried, "timed_out": self.timed_out, "documents": self.documents}
 
 
 def delays_text(delays: dict[str, float]) -> str:
     """One line of a run's printout."""
-    return (f"  the harness's producer, the worst second of {delays['documents']:.0f} (librdkafka's statistics): "
-            f"a record queued {delays['queued_ms']:.0f} ms, a request queued {delays['request_queued_ms']:.0f} ms "
-            f"and {delays['round_trip_ms']:.0f} ms to its answer; at most {delays['total_ms']:.0f} ms in one second "
+    def both(name: str) -> str:
+        return f"{delays.get(name + '_mean', 0):.1f} ({delays[name]:.0f})"
+
+    return (f"  the harness's producer over {delays['documents']:.0f} s (librdkafka's statistics), on average (at "
+            f"worst) in ms: a record queued {both('queued_ms')}, a request queued {both('request_queued_ms')}, a "
+            f"request's round trip {both('round_trip_ms')}; the worst second's sum {delays['total_ms']:.0f} ms "
             f"({delays['total_at_s']:.0f} s in); {delays['retried']:.0f} requests retried, "
             f"{delays['timed_out']:.0f} timed out")

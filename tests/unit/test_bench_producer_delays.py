@@ -15,12 +15,15 @@ from producer_delays import ProducerDelays, delays_text
 
 
 def document(queued_us: int, request_us: int, rtt_us: int, retries: int = 0, timeouts: int = 0) -> str:
-    """A statistics document as librdkafka emits it, cut to the fields read: the bootstrap entry and one broker."""
-    def broker(q: int, o: int, r: int, tx: int, to: int) -> dict[str, Any]:
-        return {"int_latency": {"max": q, "p99": q}, "outbuf_latency": {"max": o}, "rtt": {"max": r},
-                "txretries": tx, "req_timeouts": to}
-    return json.dumps({"brokers": {"127.0.0.1:9092/bootstrap": broker(0, 0, 0, 0, 0),
-                                   "127.0.0.1:9092/1": broker(queued_us, request_us, rtt_us, retries, timeouts)}})
+    """A statistics document as librdkafka emits it, cut to the fields read: the bootstrap entry (no window) and one
+    broker, whose every window holds two samples: the worst and one of 1 000 us."""
+    def window(worst: int) -> dict[str, int]:
+        return {"max": worst, "sum": worst + 1_000, "cnt": 2}
+
+    broker: dict[str, Any] = {"int_latency": window(queued_us), "outbuf_latency": window(request_us),
+                              "rtt": window(rtt_us), "txretries": retries, "req_timeouts": timeouts}
+    return json.dumps({"brokers": {"127.0.0.1:9092/bootstrap": {"txretries": 0, "req_timeouts": 0},
+                                   "127.0.0.1:9092/1": broker}})
 
 
 def test_the_worst_of_each_window_and_of_their_sum_over_the_run() -> None:
@@ -32,6 +35,8 @@ def test_the_worst_of_each_window_and_of_their_sum_over_the_run() -> None:
     assert (got["queued_ms"], got["request_queued_ms"], got["round_trip_ms"]) == (21_000.0, 0.9, 40.0)
     assert got["total_ms"] == 21_000 + 0.1 + 3.0 and 100 <= got["total_at_s"] < 160
     assert (got["retried"], got["timed_out"], got["documents"]) == (3, 1, 3)
+    # the mean of every sample of the run (the bootstrap entry has none): 6 samples of each window
+    assert got["round_trip_ms_mean"] == (1_500 + 3_000 + 40_000 + 3 * 1_000) / 6 / 1000
 
 
 def test_a_document_without_brokers_changes_only_the_count() -> None:
@@ -44,6 +49,6 @@ def test_the_printed_line() -> None:
     delays = ProducerDelays()
     delays(document(6_000, 200, 1_500, retries=1))
     text = delays_text({**delays.as_record(), "total_at_s": 61.4})
-    assert text == ("  the harness's producer, the worst second of 1 (librdkafka's statistics): a record queued 6 ms, "
-                    "a request queued 0 ms and 2 ms to its answer; at most 8 ms in one second (61 s in); "
-                    "1 requests retried, 0 timed out")
+    assert text == ("  the harness's producer over 1 s (librdkafka's statistics), on average (at worst) in ms: a "
+                    "record queued 3.5 (6), a request queued 0.6 (0), a request's round trip 1.2 (2); the worst "
+                    "second's sum 8 ms (61 s in); 1 requests retried, 0 timed out")
