@@ -64,7 +64,8 @@ class ProducerDelays:
 def delays_text(delays: dict[str, float]) -> str:
     """One line of a run's printout."""
     def both(name: str) -> str:
-        return f"{delays.get(name + '_mean', 0):.1f} ({delays[name]:.0f})"
+        mean = delays.get(f"{name}_mean")  # records of 2026-12-08's first two runs have no mean
+        return f"{'-' if mean is None else f'{mean:.1f}'} ({delays[name]:.0f})"
 
     return (f"  the harness's producer over {delays['documents']:.0f} s (librdkafka's statistics), on average (at "
             f"worst) in ms: a record queued {both('queued_ms')}, a request queued {both('request_queued_ms')}, a "

@@ -52,3 +52,10 @@ def test_the_printed_line() -> None:
     assert text == ("  the harness's producer over 1 s (librdkafka's statistics), on average (at worst) in ms: a "
                     "record queued 3.5 (6), a request queued 0.6 (0), a request's round trip 1.2 (2); the worst "
                     "second's sum 8 ms (61 s in); 1 requests retried, 0 timed out")
+
+
+def test_a_record_without_means_prints_only_the_worst() -> None:
+    delays = ProducerDelays()
+    delays(document(6_000, 200, 1_500))
+    record = {k: v for k, v in delays.as_record().items() if not k.endswith("_mean")}
+    assert "a record queued - (6), a request queued - (0), a request's round trip - (2)" in delays_text(record)
